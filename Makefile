@@ -1,0 +1,41 @@
+# Two commands on a fresh machine: `make table20` and `make test`. Each sets itself up.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch lies on these machines' disk; any other spec pulls a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PROFILE ?= tiny
+PYTEST_ARGS ?=
+
+.PHONY: setup test test-all table20 tiny-models tokenizer clean-venv help
+
+help:
+	@echo "make table20   Table 20 (profile $(PROFILE)) as LaTeX and plots"
+	@echo "make test      the test suite (CPU)"
+	@echo "make setup     create $(VENV) and install the project (idempotent)"
+
+setup: $(VENV)/.installed
+
+# Re-installs only when the project metadata changes.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+tokenizer: setup
+	$(PY) experiments/tiny_models/train_tokenizer.py
+
+tiny-models: setup
+	$(PY) experiments/tiny_models/pretrain.py --all
+
+table20: setup
+	$(PY) -m state_reduction.cli table20 --profile $(PROFILE)
+
+clean-venv:
+	rm -rf $(VENV)
