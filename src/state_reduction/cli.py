@@ -1,10 +1,90 @@
-"""The `state-reduction` command line."""
+"""The `state-reduction` command line: one subcommand per capability."""
 
+from __future__ import annotations
+
+import argparse
+import json
 import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TINY_MODELS_DIR = REPO_ROOT / "experiments" / "tiny_models"
+
+
+def _cmd_data(args) -> int:
+    from state_reduction.data import list_corpora, load_corpus
+
+    names = args.corpora or [c.name for c in list_corpora(profile="tiny")]
+    for name in names:
+        sizes = {}
+        for split in ("train", "validation", "test"):
+            ds = load_corpus(name, split, data_dir=args.data_dir)
+            sizes[split] = {"documents": len(ds), "characters": sum(len(t) for t in ds["text"])}
+        print(json.dumps({"corpus": name, **sizes}))
+    return 0
+
+
+def _cmd_train_tokenizer(args) -> int:
+    from state_reduction.data import corpus_text
+    from state_reduction.tokenizer import tokenizer_hash, train_bpe_tokenizer
+
+    texts = [corpus_text(name, "train", data_dir=args.data_dir) for name in args.corpora]
+    tok = train_bpe_tokenizer(texts, vocab_size=args.vocab_size)
+    tok.save_pretrained(args.out)
+    print(f"tokenizer: {len(tok)} tokens, sha256 {tokenizer_hash(args.out)} -> {args.out}")
+    return 0
+
+
+def _cmd_pretrain(args) -> int:
+    from state_reduction.backend import install_cpu_backend
+    from state_reduction.training.pretrain import PretrainConfig, pretrain
+
+    install_cpu_backend()
+    for config_path in args.configs:
+        cfg = PretrainConfig.from_yaml(config_path, steps=args.steps, threads=args.threads)
+        out = Path(args.out_root) / cfg.name
+        run = Path(args.run_root) / cfg.name
+        record = pretrain(cfg, args.tokenizer, out, run, data_dir=args.data_dir, device=args.device,
+                          resume=not args.no_resume)
+        print(json.dumps({"model": cfg.name, "out": str(out), "eval": record["eval"],
+                          "wall_time_s": record["wall_time_s"]}, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="state-reduction",
+                                description="state-reduction: post-training state reduction in linear attention models")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("data", help="fetch, verify and summarise the offline corpora")
+    d.add_argument("corpora", nargs="*", help="corpus names (default: all tiny-profile corpora)")
+    d.add_argument("--data-dir", default=None)
+    d.set_defaults(func=_cmd_data)
+
+    t = sub.add_parser("train-tokenizer", help="train the tiny profile's byte-level BPE tokenizer")
+    t.add_argument("--corpora", nargs="+", default=["ptb", "wiki", "books", "bible"])
+    t.add_argument("--vocab-size", type=int, default=8192)
+    t.add_argument("--out", default=str(TINY_MODELS_DIR / "tokenizer"))
+    t.add_argument("--data-dir", default=None)
+    t.set_defaults(func=_cmd_train_tokenizer)
+
+    r = sub.add_parser("pretrain", help="pretrain tiny models from their YAML configs (resumable)")
+    r.add_argument("configs", nargs="+", help="experiments/tiny_models/configs/*.yaml")
+    r.add_argument("--tokenizer", default=str(TINY_MODELS_DIR / "tokenizer"))
+    r.add_argument("--out-root", default=str(TINY_MODELS_DIR / "checkpoints"))
+    r.add_argument("--run-root", default=str(REPO_ROOT / "runs" / "tiny_models"))
+    r.add_argument("--steps", type=int, default=None, help="override the config's number of steps")
+    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--device", default="cpu")
+    r.add_argument("--data-dir", default=None)
+    r.add_argument("--no-resume", action="store_true", help="start over even if a run state exists")
+    r.set_defaults(func=_cmd_pretrain)
+    return p
 
 
 def main(argv=None) -> int:
-    raise SystemExit("state-reduction: no subcommands yet")
+    args = build_parser().parse_args(argv)
+    return args.func(args)
 
 
 if __name__ == "__main__":

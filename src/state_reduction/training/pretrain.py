@@ -1,0 +1,290 @@
+"""Pretraining of the tiny profile's models: one YAML config per model, resumable, logged.
+
+A run keeps its state in `run_dir` (model, optimiser, scheduler, RNG, step) and writes it atomically
+every `checkpoint_every` steps, so a killed run resumes where it stopped. The batch of step `s` is a
+pure function of (seed, s), so a resumed run sees exactly the data an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from state_reduction.models import build_model, get_family
+
+EVAL_CORPORA = ("ptb", "wiki")
+
+
+@dataclass
+class PretrainConfig:
+    name: str
+    family: str
+    model: dict
+    corpora: dict[str, float] = field(default_factory=lambda: {"ptb": 1.0, "wiki": 1.0, "books": 1.0, "bible": 1.0})
+    seq_len: int = 256
+    batch_size: int = 16
+    steps: int = 1000
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    seed: int = 0
+    checkpoint_every: int = 100
+    eval_batch_size: int = 16
+    threads: int = 0
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides) -> PretrainConfig:
+        raw = yaml.safe_load(Path(path).read_text())
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown pretraining config keys {unknown}; known: {sorted(known)}")
+        get_family(raw["family"])
+        if "adam_betas" in raw:
+            raw["adam_betas"] = tuple(raw["adam_betas"])
+        return cls(**raw)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["adam_betas"] = list(self.adam_betas)
+        return d
+
+    def hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def lr_factor(step: int, cfg: PretrainConfig) -> float:
+    """Linear warm-up, then cosine from 1 to `min_lr_ratio` at the last step."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def build_training_windows(tokenizer, cfg: PretrainConfig, data_dir=None) -> tuple[torch.Tensor, dict]:
+    """All pretraining-stream windows of the mix, [N, seq_len], and per-corpus token counts.
+
+    Each corpus contributes floor(weight * available) windows of its `pretrain` stream."""
+    from state_reduction.data import available_sequences, sample_sequences
+
+    parts, counts = [], {}
+    for i, (corpus, weight) in enumerate(sorted(cfg.corpora.items())):
+        n_avail = available_sequences(tokenizer, corpus, cfg.seq_len, stream="pretrain", data_dir=data_dir)
+        n = max(1, int(min(1.0, weight) * n_avail))
+        windows = sample_sequences(tokenizer, corpus, n=n, seq_len=cfg.seq_len, seed=cfg.seed + i,
+                                   stream="pretrain", data_dir=data_dir)
+        parts.append(windows)
+        counts[corpus] = int(windows.numel())
+    return torch.cat(parts), counts
+
+
+def batch_indices(step: int, n_windows: int, batch_size: int, seed: int) -> torch.Tensor:
+    """Indices of step `step`'s batch: epochs of seeded permutations, a pure function of the step."""
+    per_epoch = n_windows // batch_size
+    epoch, pos = divmod(step, per_epoch)
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(n_windows, generator=g)
+    return perm[pos * batch_size:(pos + 1) * batch_size]
+
+
+def split_tokens(tokenizer, corpus: str, split: str, data_dir=None) -> torch.Tensor:
+    """The whole split as one token stream, documents joined by eos."""
+    from state_reduction.data import load_corpus
+
+    ds = load_corpus(corpus, split, data_dir=data_dir)
+    ids: list[int] = []
+    for text in ds["text"]:
+        ids.extend(tokenizer.encode(text, add_special_tokens=False))
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+@torch.no_grad()
+def window_nll(model, tokens: torch.Tensor, seq_len: int, batch_size: int, desc: str = "eval") -> torch.Tensor:
+    """Per-target negative log-likelihood over non-overlapping windows of `seq_len` tokens.
+
+    Returns [N_windows, seq_len - 1]; the first token of each window is context only."""
+    model.eval()
+    n = tokens.numel() // seq_len
+    windows = tokens[: n * seq_len].view(n, seq_len)
+    out = []
+    for i in tqdm(range(0, n, batch_size), desc=desc, leave=False, disable=n <= batch_size):
+        x = windows[i:i + batch_size]
+        logits = model(input_ids=x).logits.float()
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)
+        out.append(-logp.gather(-1, x[:, 1:, None]).squeeze(-1))
+    return torch.cat(out)
+
+
+def unigram_nll(train_counts: torch.Tensor, tokens: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """NLL of the same targets as `window_nll` under an add-one-smoothed unigram model of the training data."""
+    logp = torch.log((train_counts.double() + 1) / (train_counts.sum() + train_counts.numel()))
+    n = tokens.numel() // seq_len
+    targets = tokens[: n * seq_len].view(n, seq_len)[:, 1:]
+    return -logp[targets]
+
+
+def _save_state_atomic(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _provenance() -> dict:
+    import transformers
+
+    import fla
+    try:
+        import subprocess
+        root = Path(__file__).resolve().parents[3]
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True).stdout.strip())
+    except OSError:
+        commit, dirty = None, None
+    return {
+        "git_commit": commit, "git_dirty": dirty, "python": platform.python_version(),
+        "torch": torch.__version__, "transformers": transformers.__version__, "fla": fla.__version__,
+        "hardware": {"platform": platform.platform(), "processor": platform.processor(),
+                     "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                     "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+    }
+
+
+def pretrain(cfg: PretrainConfig, tokenizer_dir: str | Path, out_dir: str | Path, run_dir: str | Path,
+             data_dir=None, device: str = "cpu", resume: bool = True) -> dict:
+    """Train `cfg`'s model, save it with the tokenizer and a training record to `out_dir`."""
+    from state_reduction.data import get_corpus_info
+    from state_reduction.tokenizer import load_tokenizer, tokenizer_hash
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out_dir, run_dir = Path(out_dir), Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    model_kwargs = dict(cfg.model, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                        bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = build_model(cfg.family, model_kwargs, seed=cfg.seed).to(device)
+    windows, corpus_tokens = build_training_windows(tokenizer, cfg, data_dir=data_dir)
+    if windows.shape[0] < cfg.batch_size:
+        raise ValueError(f"{cfg.name}: only {windows.shape[0]} training windows of {cfg.seq_len} tokens, "
+                         f"fewer than batch_size={cfg.batch_size}")
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=cfg.lr, betas=cfg.adam_betas, eps=1e-8)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
+
+    state_path = run_dir / "state.pt"
+    log_path = run_dir / "log.jsonl"
+    step, wall_before = 0, 0.0
+    if resume and state_path.exists():
+        state = torch.load(state_path, weights_only=False)
+        if state["config_hash"] != cfg.hash():
+            raise RuntimeError(f"{state_path} belongs to another config (hash {state['config_hash']} != {cfg.hash()}); "
+                               f"delete {run_dir} or pass --no-resume")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        step, wall_before = state["step"], state["wall_s"]
+    elif log_path.exists():
+        log_path.unlink()
+
+    model.train()
+    t0 = time.time()
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"pretrain {cfg.name}", dynamic_ncols=True)
+    loss_ema = None
+    while step < cfg.steps:
+        x = windows[batch_indices(step, windows.shape[0], cfg.batch_size, cfg.seed)].to(device)
+        t_step = time.time()
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{cfg.name}: loss is {loss.item()} at step {step}")
+        step += 1
+        loss_v = loss.item()
+        loss_ema = loss_v if loss_ema is None else 0.95 * loss_ema + 0.05 * loss_v
+        tok_s = x.numel() / max(1e-9, time.time() - t_step)
+        bar.set_postfix(loss=f"{loss_ema:.3f}", tok_s=f"{tok_s:.0f}")
+        bar.update(1)
+        with open(log_path, "a") as f:
+            f.write(json.dumps({"step": step, "loss": loss_v, "grad_norm": float(grad_norm),
+                                "lr": scheduler.get_last_lr()[0]}) + "\n")
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            _save_state_atomic(state_path, {
+                "config_hash": cfg.hash(), "step": step, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "rng": torch.get_rng_state(), "wall_s": wall_before + time.time() - t0})
+    bar.close()
+    wall = wall_before + time.time() - t0
+
+    eval_report = evaluate_against_unigram(model, tokenizer, windows, cfg, data_dir=data_dir)
+    losses = [json.loads(line)["loss"] for line in log_path.read_text().splitlines()]
+    record = {
+        "name": cfg.name, "family": cfg.family, "config": cfg.to_dict(), "config_hash": cfg.hash(),
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "train_tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
+        "train_tokens_available": corpus_tokens,
+        "wall_time_s": round(wall, 1),
+        "final_train_loss": float(np.mean(losses[-20:])) if losses else None,
+        "eval": eval_report,
+        "data": {c: {"sha256": get_corpus_info(c).sha256, "package": f"{get_corpus_info(c).package}=={get_corpus_info(c).version}"}
+                 for c in sorted(set(cfg.corpora) | set(EVAL_CORPORA))},
+        "tokenizer_sha256": tokenizer_hash(tokenizer_dir),
+        "provenance": _provenance(),
+    }
+    save_checkpoint(model, tokenizer, record, out_dir)
+    return record
+
+
+def evaluate_against_unigram(model, tokenizer, train_windows: torch.Tensor, cfg: PretrainConfig, data_dir=None) -> dict:
+    """Held-out token perplexity on ptb/wiki test next to an add-one unigram model fitted on the training windows."""
+    counts = torch.bincount(train_windows.flatten(), minlength=len(tokenizer))
+    report = {}
+    for corpus in EVAL_CORPORA:
+        tokens = split_tokens(tokenizer, corpus, "test", data_dir=data_dir)
+        nll = window_nll(model, tokens, cfg.seq_len, cfg.eval_batch_size, desc=f"eval {corpus}")
+        uni = unigram_nll(counts, tokens, cfg.seq_len)
+        ppl, uni_ppl = math.exp(nll.double().mean().item()), math.exp(uni.mean().item())
+        report[f"{corpus}_test"] = {"tokens": int(nll.numel()), "ppl": ppl, "unigram_ppl": uni_ppl,
+                                    "ratio_to_unigram": ppl / uni_ppl}
+    return report
+
+
+def save_checkpoint(model, tokenizer, record: dict, out_dir: str | Path) -> None:
+    """safetensors + config + tokenizer + training_record.json, written to a temp dir then swapped in."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if tmp.exists():
+        import shutil
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "training_record.json").write_text(json.dumps(record, indent=2) + "\n")
+    if out_dir.exists():
+        import shutil
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
