@@ -66,7 +66,9 @@ class PretrainConfig:
         return d
 
     def hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        """Identity of the run: everything but the thread count."""
+        d = {k: v for k, v in self.to_dict().items() if k != "threads"}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def lr_factor(step: int, cfg: PretrainConfig) -> float:
@@ -186,6 +188,34 @@ def pretrain(cfg: PretrainConfig, tokenizer_dir: str | Path, out_dir: str | Path
         raise ValueError(f"{cfg.name}: only {windows.shape[0]} training windows of {cfg.seq_len} tokens, "
                          f"fewer than batch_size={cfg.batch_size}")
 
+    wall = train(model, windows, cfg, run_dir, device=device, resume=resume)
+
+    eval_report = evaluate_against_unigram(model, tokenizer, windows, cfg, data_dir=data_dir)
+    losses = [json.loads(line)["loss"] for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    record = {
+        "name": cfg.name, "family": cfg.family, "config": cfg.to_dict(), "config_hash": cfg.hash(),
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "train_tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
+        "train_tokens_available": corpus_tokens,
+        "wall_time_s": round(wall, 1),
+        "final_train_loss": float(np.mean(losses[-20:])) if losses else None,
+        "eval": eval_report,
+        "data": {c: {"sha256": get_corpus_info(c).sha256, "package": f"{get_corpus_info(c).package}=={get_corpus_info(c).version}"}
+                 for c in sorted(set(cfg.corpora) | set(EVAL_CORPORA))},
+        "tokenizer_sha256": tokenizer_hash(tokenizer_dir),
+        "provenance": _provenance(),
+    }
+    save_checkpoint(model, tokenizer, record, out_dir)
+    return record
+
+
+def train(model, windows: torch.Tensor, cfg: PretrainConfig, run_dir: Path, device: str = "cpu",
+          resume: bool = True, stop_at: int | None = None) -> float:
+    """The training loop over `windows` [N, seq_len]; returns wall seconds (earlier attempts included).
+
+    `stop_at` ends the call early after that many steps, as a kill would (used by the resume test)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -206,6 +236,9 @@ def pretrain(cfg: PretrainConfig, tokenizer_dir: str | Path, out_dir: str | Path
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
         step, wall_before = state["step"], state["wall_s"]
+        if log_path.exists():  # drop lines logged after the checkpoint by the interrupted attempt
+            kept = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= step]
+            log_path.write_text("".join(ln + "\n" for ln in kept))
     elif log_path.exists():
         log_path.unlink()
 
@@ -214,16 +247,18 @@ def pretrain(cfg: PretrainConfig, tokenizer_dir: str | Path, out_dir: str | Path
     bar = tqdm(total=cfg.steps, initial=step, desc=f"pretrain {cfg.name}", dynamic_ncols=True)
     loss_ema = None
     while step < cfg.steps:
+        if stop_at is not None and step >= stop_at:
+            break
         x = windows[batch_indices(step, windows.shape[0], cfg.batch_size, cfg.seed)].to(device)
         t_step = time.time()
         loss = model(input_ids=x, labels=x).loss
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{cfg.name}: loss is {loss.item()} at step {step}")
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{cfg.name}: loss is {loss.item()} at step {step}")
         step += 1
         loss_v = loss.item()
         loss_ema = loss_v if loss_ema is None else 0.95 * loss_ema + 0.05 * loss_v
@@ -239,25 +274,7 @@ def pretrain(cfg: PretrainConfig, tokenizer_dir: str | Path, out_dir: str | Path
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": torch.get_rng_state(), "wall_s": wall_before + time.time() - t0})
     bar.close()
-    wall = wall_before + time.time() - t0
-
-    eval_report = evaluate_against_unigram(model, tokenizer, windows, cfg, data_dir=data_dir)
-    losses = [json.loads(line)["loss"] for line in log_path.read_text().splitlines()]
-    record = {
-        "name": cfg.name, "family": cfg.family, "config": cfg.to_dict(), "config_hash": cfg.hash(),
-        "n_parameters": sum(p.numel() for p in model.parameters()),
-        "train_tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
-        "train_tokens_available": corpus_tokens,
-        "wall_time_s": round(wall, 1),
-        "final_train_loss": float(np.mean(losses[-20:])) if losses else None,
-        "eval": eval_report,
-        "data": {c: {"sha256": get_corpus_info(c).sha256, "package": f"{get_corpus_info(c).package}=={get_corpus_info(c).version}"}
-                 for c in sorted(set(cfg.corpora) | set(EVAL_CORPORA))},
-        "tokenizer_sha256": tokenizer_hash(tokenizer_dir),
-        "provenance": _provenance(),
-    }
-    save_checkpoint(model, tokenizer, record, out_dir)
-    return record
+    return wall_before + time.time() - t0
 
 
 def evaluate_against_unigram(model, tokenizer, train_windows: torch.Tensor, cfg: PretrainConfig, data_dir=None) -> dict:

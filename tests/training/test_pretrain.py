@@ -1,0 +1,76 @@
+"""Tiny-model pretraining: a killed run resumes bit-for-bit; the schedule and batches are deterministic."""
+
+import json
+
+import pytest
+import torch
+
+from state_reduction.models import build_model
+from state_reduction.training.pretrain import PretrainConfig, batch_indices, lr_factor, train, unigram_nll, window_nll
+
+MAMBA2 = dict(hidden_size=32, num_hidden_layers=2, state_size=16, n_groups=2, expand=2, head_dim=16, num_heads=4,
+              conv_kernel=4, chunk_size=8, vocab_size=64)
+
+
+def _cfg(**kw):
+    base = dict(name="t", family="mamba2", model=MAMBA2, seq_len=16, batch_size=4, steps=6, lr=1e-2,
+                warmup_steps=2, checkpoint_every=2, seed=3)
+    base.update(kw)
+    return PretrainConfig(**base)
+
+
+def test_lr_schedule_warmup_then_cosine_to_floor():
+    cfg = _cfg(steps=100, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_factor(0, cfg) == pytest.approx(0.1)
+    assert lr_factor(9, cfg) == pytest.approx(1.0)
+    assert lr_factor(100, cfg) == pytest.approx(0.1)
+    assert all(lr_factor(s, cfg) >= lr_factor(s + 1, cfg) for s in range(10, 100))
+
+
+def test_batches_are_a_function_of_the_step_and_cover_each_epoch():
+    per_epoch = [batch_indices(s, 20, 4, seed=1) for s in range(5)]
+    assert sorted(torch.cat(per_epoch).tolist()) == list(range(20))
+    assert torch.equal(batch_indices(3, 20, 4, seed=1), per_epoch[3])
+    assert not torch.equal(batch_indices(5, 20, 4, seed=1), per_epoch[0])
+
+
+def test_killed_run_resumes_bit_for_bit(tmp_path):
+    cfg = _cfg()
+    windows = torch.randint(0, 64, (24, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+
+    straight = build_model("mamba2", MAMBA2, seed=0)
+    train(straight, windows, cfg, tmp_path / "a")
+
+    interrupted = build_model("mamba2", MAMBA2, seed=0)
+    train(interrupted, windows, cfg, tmp_path / "b", stop_at=3)  # dies after step 3, last checkpoint at 2
+    resumed = build_model("mamba2", MAMBA2, seed=0)
+    train(resumed, windows, cfg, tmp_path / "b")
+
+    for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(p, q), name
+    log_a = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    log_b = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log_b] == list(range(1, 7))
+    assert log_a == log_b
+
+
+def test_resume_refuses_a_state_from_another_config(tmp_path):
+    windows = torch.randint(0, 64, (24, 16))
+    train(build_model("mamba2", MAMBA2), windows, _cfg(), tmp_path, stop_at=2)
+    with pytest.raises(RuntimeError, match="another config"):
+        train(build_model("mamba2", MAMBA2), windows, _cfg(lr=5e-3), tmp_path)
+
+
+def test_window_nll_matches_model_loss_and_unigram_is_proper():
+    model = build_model("mamba2", MAMBA2, seed=0)
+    tokens = torch.randint(0, 64, (3 * 16 + 5,))
+    nll = window_nll(model, tokens, seq_len=16, batch_size=2)
+    assert nll.shape == (3, 15)
+    loss = model(input_ids=tokens[:48].view(3, 16), labels=tokens[:48].view(3, 16)).loss
+    assert nll.mean().item() == pytest.approx(loss.item(), rel=1e-5)
+    counts = torch.bincount(tokens, minlength=64)
+    uni = unigram_nll(counts, tokens, seq_len=16)
+    assert uni.shape == (3, 15)
+    every_token_once = torch.stack([torch.zeros(64, dtype=torch.long), torch.arange(64)], dim=1).flatten()
+    probs = torch.exp(-unigram_nll(counts, every_token_once, seq_len=2)[:, 0])
+    assert probs.sum().item() == pytest.approx(1.0, abs=1e-9)
