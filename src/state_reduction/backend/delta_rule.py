@@ -1,0 +1,230 @@
+"""Pure-torch delta rule, matching fla 0.6.0's `chunk_delta_rule` and `fused_recurrent_delta_rule`.
+
+Recurrence per head, state h [K, V] (the transpose of S in S_t = S_{t-1}(I - b k k^T) + b v k^T):
+    h_t = exp(g_t) h_{t-1} + k_t u_t^T,   u_t = b_t (v_t - exp(g_t) h_{t-1}^T k_t),   o_t = scale h_t^T q_t
+with g = 0 for the plain delta rule. `run_delta_rule` is shared with the gated variant.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+L2NORM_EPS = 1e-6
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The kernels accumulate in float32; float64 inputs stay float64 so references can be checked tightly."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    # fla: x / sqrt(sum(x^2) + eps), not F.normalize's x / max(|x|, eps)
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def reject_kwargs(function: str, kwargs: dict) -> None:
+    if kwargs:
+        raise NotImplementedError(
+            f"{function}: the CPU reference does not support argument(s) {sorted(kwargs)}; "
+            f"only what fla's DeltaNet/GatedDeltaNet layers pass is implemented."
+        )
+
+
+def _pack_to_batch(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    # [1, sum(T_n), ...] -> [N, max(T_n), ...], zeros after each sequence's end
+    out = x.new_zeros(*valid.shape, *x.shape[2:])
+    out[valid] = x[0]
+    return out
+
+
+def _chunk_scan(q, k, v, beta, g, h0, scale: float, chunk_size: int):
+    """q, k: [B, H, T, K]; v: [B, H, T, V]; beta, g (log-decay or None): [B, H, T]; h0: [B, H, K, V].
+
+    T is a multiple of chunk_size. Within a chunk (UT transform), with G the cumulative log-decay:
+        (I + L) U = b V - diag(b exp(G)) K h0,   L_ij = b_i exp(G_i - G_j) k_i.k_j  (i > j)
+        O = scale (exp(G) Q h0 + (Q K^T * D) U),  D_ij = exp(G_i - G_j)  (i >= j)
+        h_end = exp(G_C) h0 + (exp(G_C - G) K)^T U
+    Everything except the h0-dependent terms is computed for all chunks at once.
+    """
+    B, H, T, K = q.shape
+    C = chunk_size
+    N = T // C
+    q, k, v = (x.reshape(B, H, N, C, x.shape[-1]) for x in (q, k, v))
+    beta = beta.reshape(B, H, N, C, 1)
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    strict = causal.tril(-1)
+
+    kk = k @ k.transpose(-1, -2)  # [B, H, N, C, C]
+    qk = q @ k.transpose(-1, -2)
+    if g is None:
+        q_read, k_read, k_write, chunk_decay = q, k, k, None
+    else:
+        G = g.reshape(B, H, N, C).cumsum(-1)
+        # masked before exp: the upper triangle would overflow and poison gradients
+        decay = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float('-inf')).exp()
+        kk, qk = kk * decay, qk * decay
+        q_read = q * G.exp()[..., None]
+        k_read = k * G.exp()[..., None]
+        k_write = k * (G[..., -1:] - G).exp()[..., None]
+        chunk_decay = G[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
+
+    system = (beta * kk).masked_fill(~strict, 0)
+    u0 = torch.linalg.solve_triangular(system, beta * v, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, beta * k_read, upper=False, unitriangular=True)
+    attn = qk.masked_fill(~causal, 0) * scale
+    q_read = q_read * scale
+
+    h = h0
+    outputs = []
+    for n in range(N):
+        u = u0[:, :, n] - w[:, :, n] @ h
+        outputs.append(q_read[:, :, n] @ h + attn[:, :, n] @ u)
+        h = h if chunk_decay is None else h * chunk_decay[:, :, n]
+        h = h + k_write[:, :, n].transpose(-1, -2) @ u
+    return torch.stack(outputs, dim=2).reshape(B, H, T, -1), h
+
+
+def _recurrent_scan(q, k, v, beta, g, h0, scale: float):
+    """Token by token; same shapes as `_chunk_scan`, any T."""
+    h = h0
+    outputs = []
+    for t in range(q.shape[2]):
+        if g is not None:
+            h = h * g[:, :, t, None, None].exp()
+        k_t = k[:, :, t]
+        u = beta[:, :, t, None] * (v[:, :, t] - torch.einsum('bhk,bhkv->bhv', k_t, h))
+        h = h + k_t[..., :, None] * u[..., None, :]
+        outputs.append(torch.einsum('bhk,bhkv->bhv', q[:, :, t] * scale, h))
+    return torch.stack(outputs, dim=2), h
+
+
+def run_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None,
+    *,
+    function: str,
+    scale: float | None,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    use_qk_l2norm_in_kernel: bool,
+    cu_seqlens: torch.Tensor | None,
+    state_v_first: bool = False,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Shared driver. q, k: [B, T, H, K]; v: [B, T, HV, V]; beta, g (already in log space): [B, T, HV] in
+    compute dtype; initial_state: [N, HV, K, V] ([N, HV, V, K] if state_v_first). chunk_size None: recurrent.
+    Returns o [B, T, HV, V] and the final state, both in compute dtype."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if k.shape[2] != H:
+        raise ValueError(f"{function}: q and k need the same number of heads, got {H} and {k.shape[2]}.")
+    if HV % H != 0:
+        raise ValueError(f"{function}: num_v_heads={HV} must be a multiple of num_heads={H}.")
+    if beta.dim() != 3:
+        raise NotImplementedError(
+            f"{function}: only head-wise beta of shape [B, T, HV] is supported, got {tuple(beta.shape)}."
+        )
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"{function}: with cu_seqlens the batch size must be 1 (packed sequences), got {B}.")
+    n_seq = B if cu_seqlens is None else len(cu_seqlens) - 1
+    if initial_state is not None and initial_state.shape[0] != n_seq:
+        raise ValueError(f"{function}: initial_state has {initial_state.shape[0]} states for {n_seq} sequences.")
+
+    dtype = compute_dtype(q.dtype)
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q), l2norm(k)
+    if HV != H:
+        # GVA: value head i reads key/query head i // (HV // H)
+        q, k = (x.repeat_interleave(HV // H, dim=2) for x in (q, k))
+    scale = K ** -0.5 if scale is None else scale
+
+    if cu_seqlens is not None:
+        lens = cu_seqlens.diff().to(q.device)
+        valid = torch.arange(int(lens.max()), device=q.device)[None, :] < lens[:, None]  # [N, T_max]
+        q, k, v, beta = (_pack_to_batch(x, valid) for x in (q, k, v, beta))
+        g = None if g is None else _pack_to_batch(g, valid)
+    # zero padding (beta = 0, g = 0) leaves the state untouched, so final states stay exact
+    length = q.shape[1]
+    pad = 0 if chunk_size is None else -length % chunk_size
+    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v))  # [B, HV, T, K]
+    beta = F.pad(beta, (0, 0, 0, pad)).transpose(1, 2)  # [B, HV, T]
+    g = None if g is None else F.pad(g, (0, 0, 0, pad)).transpose(1, 2)
+
+    if initial_state is None:
+        h0 = q.new_zeros(q.shape[0], HV, K, V)
+    else:
+        h0 = initial_state.to(dtype)
+        h0 = h0.transpose(-1, -2) if state_v_first else h0
+
+    if chunk_size is None:
+        o, ht = _recurrent_scan(q, k, v, beta, g, h0, scale)
+    else:
+        o, ht = _chunk_scan(q, k, v, beta, g, h0, scale, chunk_size)
+
+    o = o.transpose(1, 2)[:, :length]  # [B, T, HV, V]
+    if cu_seqlens is not None:
+        o = o[valid].unsqueeze(0)
+    final_state = None
+    if output_final_state:
+        final_state = ht.transpose(-1, -2).contiguous() if state_v_first else ht
+    return o, final_state
+
+
+def chunk_delta_rule_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked (WY/UT) delta rule. q, k: [B, T, H, K]; v: [B, T, H, V]; beta: [B, T, H];
+    initial_state: [N, H, K, V]. Returns o [B, T, H, V] in q's dtype and the final state (compute dtype) or None."""
+    reject_kwargs('chunk_delta_rule', kwargs)
+    o, ht = run_delta_rule(
+        q, k, v, beta.to(compute_dtype(q.dtype)), None,
+        function='chunk_delta_rule',
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=cu_seqlens,
+        chunk_size=chunk_size,
+    )
+    return o.to(q.dtype), ht
+
+
+def recurrent_delta_rule_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token-by-token delta rule with `chunk_delta_rule_torch`'s shapes; beta None means beta = 1."""
+    beta = torch.ones_like(q[..., 0]) if beta is None else beta
+    o, ht = run_delta_rule(
+        q, k, v, beta.to(compute_dtype(q.dtype)), None,
+        function='fused_recurrent_delta_rule',
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=cu_seqlens,
+    )
+    return o.to(q.dtype), ht

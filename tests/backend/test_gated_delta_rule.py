@@ -1,0 +1,149 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from state_reduction.backend.gated_delta_rule import chunk_gated_delta_rule_torch, recurrent_gated_delta_rule_torch
+
+ATOL = 1e-10
+
+
+def make_inputs(B=2, T=37, H=2, HV=4, K=8, V=6, N=None, seed=0):
+    """Raw layer-style inputs: gate logits `a`, beta logits, A_log and dt_bias as fla's GatedDeltaNet passes them."""
+    gen = torch.Generator().manual_seed(seed)
+    N = B if N is None else N
+    d = torch.float64
+    return dict(
+        q=torch.randn(B, T, H, K, generator=gen, dtype=d),
+        k=torch.randn(B, T, H, K, generator=gen, dtype=d),
+        v=torch.randn(B, T, HV, V, generator=gen, dtype=d),
+        a=torch.randn(B, T, HV, generator=gen, dtype=d),
+        b=torch.randn(B, T, HV, generator=gen, dtype=d),
+        A_log=torch.rand(HV, generator=gen, dtype=d).mul(4).add(0.1).log(),
+        dt_bias=torch.randn(HV, generator=gen, dtype=d) * 0.5,
+        h0=torch.randn(N, HV, K, V, generator=gen, dtype=d),
+    )
+
+
+def loop_gated_delta_rule(q, k, v, g, beta, h0, scale):
+    """S_t = exp(g_t) S_{t-1} (I - b k k^T) + b v k^T, o_t = scale S_t q_t, S [V, K]; q/k already normalised and
+    repeated to the value heads; h0 given as [K, V]."""
+    T, K = q.shape[1], q.shape[-1]
+    S = h0.transpose(-1, -2).clone()
+    eye = torch.eye(K, dtype=q.dtype)
+    out = []
+    for t in range(T):
+        k_t, q_t, v_t, b_t = k[:, t], q[:, t], v[:, t], beta[:, t, :, None, None]
+        S = g[:, t, :, None, None].exp() * S
+        S = S @ (eye - b_t * k_t[..., :, None] * k_t[..., None, :]) + b_t * v_t[..., :, None] * k_t[..., None, :]
+        out.append(scale * (S @ q_t[..., None])[..., 0])
+    return torch.stack(out, dim=1), S.transpose(-1, -2)
+
+
+def layer_call(fn, x, **overrides):
+    """The call fla's GatedDeltaNet layer makes (raw gate and beta, l2norm, V-first state)."""
+    kwargs = dict(
+        g=x['a'], beta=x['b'], initial_state=x['h0'].transpose(-1, -2), output_final_state=True,
+        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x['A_log'], dt_bias=x['dt_bias'],
+        use_beta_sigmoid_in_kernel=True, state_v_first=True,
+    )
+    kwargs.update(overrides)
+    return fn(x['q'], x['k'], x['v'], **kwargs)
+
+
+@pytest.mark.parametrize('allow_neg_eigval', [False, True])
+def test_recurrent_layer_call_equals_independent_loop(allow_neg_eigval):
+    x = make_inputs()
+    o, ht = layer_call(recurrent_gated_delta_rule_torch, x, allow_neg_eigval=allow_neg_eigval)
+    rep = x['v'].shape[2] // x['q'].shape[2]
+    q, k = (
+        (x[n] / torch.sqrt((x[n] * x[n]).sum(-1, keepdim=True) + 1e-6)).repeat_interleave(rep, dim=2)
+        for n in ('q', 'k')
+    )
+    g = -x['A_log'].exp() * F.softplus(x['a'] + x['dt_bias'])
+    beta = x['b'].sigmoid() * (2 if allow_neg_eigval else 1)
+    o_ref, ht_ref = loop_gated_delta_rule(q, k, x['v'], g, beta, x['h0'], q.shape[-1] ** -0.5)
+    torch.testing.assert_close(o, o_ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ht, ht_ref.transpose(-1, -2), atol=ATOL, rtol=0)
+
+
+def test_in_kernel_gate_and_beta_equal_precomputed():
+    x = make_inputs()
+    g = -x['A_log'].exp() * F.softplus(x['a'] + x['dt_bias'])
+    o, ht = layer_call(chunk_gated_delta_rule_torch, x, chunk_size=16)
+    o2, ht2 = layer_call(
+        chunk_gated_delta_rule_torch, x, g=g, beta=x['b'].sigmoid(), use_gate_in_kernel=False,
+        use_beta_sigmoid_in_kernel=False, A_log=None, dt_bias=None, state_v_first=False,
+        initial_state=x['h0'], chunk_size=16,
+    )
+    torch.testing.assert_close(o, o2, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ht, ht2.transpose(-1, -2), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize('T', [16, 37, 100])
+@pytest.mark.parametrize('HV', [2, 4])
+def test_chunk_equals_recurrent_forward_and_grads(T, HV):
+    x = make_inputs(T=T, HV=HV)
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(2, T, HV, 6, generator=gen, dtype=torch.float64)
+    dht = torch.randn(2, HV, 6, 8, generator=gen, dtype=torch.float64)
+    results = []
+    for fn, extra in ((chunk_gated_delta_rule_torch, dict(chunk_size=16)), (recurrent_gated_delta_rule_torch, {})):
+        leaves = {n: t.detach().clone().requires_grad_() for n, t in x.items()}
+        o, ht = layer_call(fn, leaves, **extra)
+        ((o * do).sum() + (ht * dht).sum()).backward()
+        results.append((o, ht, {n: t.grad for n, t in leaves.items()}))
+    (o_c, ht_c, grads_c), (o_r, ht_r, grads_r) = results
+    torch.testing.assert_close(o_c, o_r, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ht_c, ht_r, atol=ATOL, rtol=0)
+    for name in x:
+        torch.testing.assert_close(grads_c[name], grads_r[name], atol=ATOL, rtol=0, msg=f"grad of {name}")
+
+
+@pytest.mark.parametrize('l2norm', [False, True])
+def test_chunk_equals_recurrent_precomputed_gate(l2norm):
+    x = make_inputs(T=45)
+    g = F.logsigmoid(x['a'])
+    kwargs = dict(g=g, beta=x['b'].sigmoid(), use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                  state_v_first=False, initial_state=x['h0'], use_qk_l2norm_in_kernel=l2norm)
+    if not l2norm:
+        x['k'] = F.normalize(x['k'], dim=-1)
+    o_c, ht_c = layer_call(chunk_gated_delta_rule_torch, x, chunk_size=32, **kwargs)
+    o_r, ht_r = layer_call(recurrent_gated_delta_rule_torch, x, **kwargs)
+    torch.testing.assert_close(o_c, o_r, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ht_c, ht_r, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize('fn', [chunk_gated_delta_rule_torch, recurrent_gated_delta_rule_torch])
+def test_varlen_equals_separate_sequences(fn):
+    lens = [3, 40, 21]
+    cu_seqlens = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    x = make_inputs(B=1, T=sum(lens), N=len(lens))
+    extra = dict(chunk_size=16) if fn is chunk_gated_delta_rule_torch else {}
+    o, ht = layer_call(fn, x, cu_seqlens=cu_seqlens, **extra)
+    for n, (bos, eos) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):
+        part = {name: (t[:, bos:eos] if t.dim() >= 3 and name != 'h0' else t) for name, t in x.items()}
+        part['h0'] = x['h0'][n:n + 1]
+        o_n, ht_n = layer_call(fn, part, **extra)
+        torch.testing.assert_close(o[:, bos:eos], o_n, atol=ATOL, rtol=0)
+        torch.testing.assert_close(ht[n:n + 1], ht_n, atol=ATOL, rtol=0)
+
+
+def test_dtypes_follow_the_kernels():
+    x = {n: t.bfloat16() if n in ('q', 'k', 'v', 'a', 'b', 'h0') else t.float() for n, t in make_inputs().items()}
+    o, ht = layer_call(chunk_gated_delta_rule_torch, x)
+    assert o.dtype == torch.bfloat16 and ht.dtype == torch.float32
+    assert torch.isfinite(o.float()).all()
+
+
+def test_unsupported_arguments_are_named():
+    x = make_inputs()
+    with pytest.raises(NotImplementedError, match='gk'):
+        layer_call(recurrent_gated_delta_rule_torch, x, gk=torch.zeros_like(x['q']))
+    with pytest.raises(NotImplementedError, match='cp_context'):
+        layer_call(chunk_gated_delta_rule_torch, x, cp_context=object())
+    with pytest.raises(NotImplementedError, match='transpose_state_layout'):
+        layer_call(chunk_gated_delta_rule_torch, x, transpose_state_layout=True)
+    with pytest.raises(ValueError, match='allow_neg_eigval'):
+        layer_call(chunk_gated_delta_rule_torch, x, allow_neg_eigval=True, use_beta_sigmoid_in_kernel=False)
+    with pytest.raises(ValueError, match='num_v_heads=3'):
+        layer_call(chunk_gated_delta_rule_torch, {**x, 'v': x['v'][:, :, :3]})
