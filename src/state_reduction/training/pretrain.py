@@ -83,11 +83,12 @@ def build_training_windows(tokenizer, cfg: PretrainConfig, data_dir=None) -> tup
     """All pretraining-stream windows of the mix, [N, seq_len], and per-corpus token counts.
 
     Each corpus contributes floor(weight * available) windows of its `pretrain` stream."""
-    from state_reduction.data import available_sequences, sample_sequences
+    from state_reduction.data import sample_sequences
+    from state_reduction.data.sampler import stream_tokens
 
     parts, counts = [], {}
     for i, (corpus, weight) in enumerate(sorted(cfg.corpora.items())):
-        n_avail = available_sequences(tokenizer, corpus, cfg.seq_len, stream="pretrain", data_dir=data_dir)
+        n_avail = len(stream_tokens(tokenizer, corpus, "pretrain", data_dir=data_dir)) // cfg.seq_len
         n = max(1, int(min(1.0, weight) * n_avail))
         windows = sample_sequences(tokenizer, corpus, n=n, seq_len=cfg.seq_len, seed=cfg.seed + i,
                                    stream="pretrain", data_dir=data_dir)
@@ -103,18 +104,6 @@ def batch_indices(step: int, n_windows: int, batch_size: int, seed: int) -> torc
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     perm = torch.randperm(n_windows, generator=g)
     return perm[pos * batch_size:(pos + 1) * batch_size]
-
-
-def split_tokens(tokenizer, corpus: str, split: str, data_dir=None) -> torch.Tensor:
-    """The whole split as one token stream, documents joined by eos."""
-    from state_reduction.data import load_corpus
-
-    ds = load_corpus(corpus, split, data_dir=data_dir)
-    ids: list[int] = []
-    for text in ds["text"]:
-        ids.extend(tokenizer.encode(text, add_special_tokens=False))
-        ids.append(tokenizer.eos_token_id)
-    return torch.tensor(ids, dtype=torch.long)
 
 
 @torch.no_grad()
@@ -190,7 +179,7 @@ def pretrain(cfg: PretrainConfig, tokenizer_dir: str | Path, out_dir: str | Path
 
     wall = train(model, windows, cfg, run_dir, device=device, resume=resume)
 
-    eval_report = evaluate_against_unigram(model, tokenizer, windows, cfg, data_dir=data_dir)
+    eval_report = evaluate_against_unigram(model, tokenizer, cfg, data_dir=data_dir)
     losses = [json.loads(line)["loss"] for line in (run_dir / "log.jsonl").read_text().splitlines()]
     record = {
         "name": cfg.name, "family": cfg.family, "config": cfg.to_dict(), "config_hash": cfg.hash(),
@@ -277,12 +266,25 @@ def train(model, windows: torch.Tensor, cfg: PretrainConfig, run_dir: Path, devi
     return wall_before + time.time() - t0
 
 
-def evaluate_against_unigram(model, tokenizer, train_windows: torch.Tensor, cfg: PretrainConfig, data_dir=None) -> dict:
-    """Held-out token perplexity on ptb/wiki test next to an add-one unigram model fitted on the training windows."""
-    counts = torch.bincount(train_windows.flatten(), minlength=len(tokenizer))
+def pretrain_unigram_counts(tokenizer, corpora, data_dir=None) -> torch.Tensor:
+    """Token counts [V] of the `pretrain` streams of `corpora`: the unigram baseline's training data."""
+    from state_reduction.data.sampler import stream_tokens
+
+    counts = torch.zeros(len(tokenizer), dtype=torch.long)
+    for corpus in sorted(corpora):
+        tokens = torch.from_numpy(stream_tokens(tokenizer, corpus, "pretrain", data_dir=data_dir))
+        counts += torch.bincount(tokens, minlength=len(tokenizer))
+    return counts
+
+
+def evaluate_against_unigram(model, tokenizer, cfg: PretrainConfig, data_dir=None) -> dict:
+    """Held-out token perplexity on ptb/wiki test next to an add-one unigram model of the pretraining streams."""
+    from state_reduction.data.sampler import stream_tokens
+
+    counts = pretrain_unigram_counts(tokenizer, cfg.corpora, data_dir=data_dir)
     report = {}
     for corpus in EVAL_CORPORA:
-        tokens = split_tokens(tokenizer, corpus, "test", data_dir=data_dir)
+        tokens = torch.from_numpy(stream_tokens(tokenizer, corpus, "evaluation", split="test", data_dir=data_dir))
         nll = window_nll(model, tokens, cfg.seq_len, cfg.eval_batch_size, desc=f"eval {corpus}")
         uni = unigram_nll(counts, tokens, cfg.seq_len)
         ppl, uni_ppl = math.exp(nll.double().mean().item()), math.exp(uni.mean().item())
