@@ -106,6 +106,11 @@ def batch_indices(step: int, n_windows: int, batch_size: int, seed: int) -> torc
     return perm[pos * batch_size:(pos + 1) * batch_size]
 
 
+def _autocast(device: torch.device):
+    """bf16 autocast on CUDA (fla's chunk kernels refuse fp32 there); plain fp32 on CPU."""
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=torch.device(device).type == "cuda")
+
+
 @torch.no_grad()
 def window_nll(model, tokens: torch.Tensor, seq_len: int, batch_size: int, desc: str = "eval") -> torch.Tensor:
     """Per-target negative log-likelihood over non-overlapping windows of `seq_len` tokens.
@@ -116,10 +121,11 @@ def window_nll(model, tokens: torch.Tensor, seq_len: int, batch_size: int, desc:
     windows = tokens[: n * seq_len].view(n, seq_len)
     out = []
     for i in tqdm(range(0, n, batch_size), desc=desc, leave=False, disable=n <= batch_size):
-        x = windows[i:i + batch_size]
-        logits = model(input_ids=x).logits.float()
+        x = windows[i:i + batch_size].to(model.device)
+        with _autocast(model.device):
+            logits = model(input_ids=x).logits.float()
         logp = torch.log_softmax(logits[:, :-1], dim=-1)
-        out.append(-logp.gather(-1, x[:, 1:, None]).squeeze(-1))
+        out.append(-logp.gather(-1, x[:, 1:, None]).squeeze(-1).cpu())
     return torch.cat(out)
 
 
@@ -240,7 +246,8 @@ def train(model, windows: torch.Tensor, cfg: PretrainConfig, run_dir: Path, devi
             break
         x = windows[batch_indices(step, windows.shape[0], cfg.batch_size, cfg.seed)].to(device)
         t_step = time.time()
-        loss = model(input_ids=x, labels=x).loss
+        with _autocast(x.device):
+            loss = model(input_ids=x, labels=x).loss
         if not torch.isfinite(loss):
             raise FloatingPointError(f"{cfg.name}: loss is {loss.item()} at step {step}")
         loss.backward()
