@@ -35,7 +35,8 @@ tiny-models: setup
 	$(PY) experiments/tiny_models/pretrain.py --all
 
 table20: setup
-	$(PY) -m state_reduction.cli table20 --profile $(PROFILE)
+	$(PY) -m state_reduction.cli table20-runs --profile $(PROFILE)
+	$(PY) paper_tables/table20.py --profile $(PROFILE)
 
 clean-venv:
 	rm -rf $(VENV)

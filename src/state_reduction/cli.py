@@ -51,6 +51,15 @@ def _cmd_pretrain(args) -> int:
     return 0
 
 
+def _cmd_table20_runs(args) -> int:
+    from state_reduction.baselines import evaluate_dense_baselines
+
+    out_dir = Path(args.results_root) / args.profile / "table20"
+    for path in evaluate_dense_baselines(args.profile, out_dir, data_dir=args.data_dir):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="state-reduction",
                                 description="state-reduction: post-training state reduction in linear attention models")
@@ -79,12 +88,24 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data-dir", default=None)
     r.add_argument("--no-resume", action="store_true", help="start over even if a run state exists")
     r.set_defaults(func=_cmd_pretrain)
+
+    b = sub.add_parser("table20-runs", help="the runs behind Table 20 (so far: the dense baselines)")
+    b.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
+    b.add_argument("--results-root", default=str(REPO_ROOT / "results"))
+    b.add_argument("--data-dir", default=None)
+    b.set_defaults(func=_cmd_table20_runs)
     return p
 
 
 def main(argv=None) -> int:
+    from state_reduction.data import CorpusError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (CorpusError, FileNotFoundError, NotImplementedError, ValueError) as e:
+        print(f"state-reduction {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from state_reduction.models import build_model, get_family
+from state_reduction.provenance import collect_provenance, write_json_atomic
 
 EVAL_CORPORA = ("ptb", "wiki")
 
@@ -143,27 +143,6 @@ def _save_state_atomic(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def _provenance() -> dict:
-    import transformers
-
-    import fla
-    try:
-        import subprocess
-        root = Path(__file__).resolve().parents[3]
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True).stdout.strip())
-    except OSError:
-        commit, dirty = None, None
-    return {
-        "git_commit": commit, "git_dirty": dirty, "python": platform.python_version(),
-        "torch": torch.__version__, "transformers": transformers.__version__, "fla": fla.__version__,
-        "hardware": {"platform": platform.platform(), "processor": platform.processor(),
-                     "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                     "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-    }
-
-
 def pretrain(cfg: PretrainConfig, tokenizer_dir: str | Path, out_dir: str | Path, run_dir: str | Path,
              data_dir=None, device: str = "cpu", resume: bool = True) -> dict:
     """Train `cfg`'s model, save it with the tokenizer and a training record to `out_dir`."""
@@ -198,7 +177,7 @@ def pretrain(cfg: PretrainConfig, tokenizer_dir: str | Path, out_dir: str | Path
         "data": {c: {"sha256": get_corpus_info(c).sha256, "package": f"{get_corpus_info(c).package}=={get_corpus_info(c).version}"}
                  for c in sorted(set(cfg.corpora) | set(EVAL_CORPORA))},
         "tokenizer_sha256": tokenizer_hash(tokenizer_dir),
-        "provenance": _provenance(),
+        "provenance": collect_provenance(),
     }
     save_checkpoint(model, tokenizer, record, out_dir)
     return record
@@ -309,7 +288,7 @@ def save_checkpoint(model, tokenizer, record: dict, out_dir: str | Path) -> None
         shutil.rmtree(tmp)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    (tmp / "training_record.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_json_atomic(tmp / "training_record.json", record)
     if out_dir.exists():
         import shutil
         shutil.rmtree(out_dir)
