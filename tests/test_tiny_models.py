@@ -1,0 +1,81 @@
+"""The committed tiny-profile checkpoints: they load with stock Auto classes, have the promised
+shapes, and their held-out perplexity is at most a third of a unigram model's (recomputed here)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import state_reduction  # noqa: F401  (registers the families)
+from state_reduction.backend import install_cpu_backend
+from state_reduction.data import get_corpus_info
+from state_reduction.data.sampler import stream_tokens
+from state_reduction.tokenizer import tokenizer_hash
+from state_reduction.training.pretrain import EVAL_CORPORA, pretrain_unigram_counts, unigram_nll, window_nll
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "experiments" / "tiny_models"
+CHECKPOINTS = TINY / "checkpoints"
+FAMILIES = {"deltanet": "delta_net", "gated_deltanet": "gated_deltanet", "mamba2": "mamba2", "qwen3_5": "qwen3_5_text"}
+
+
+def _key_head_dims(config) -> list[int]:
+    mt = config.model_type
+    if mt == "delta_net":
+        return [int(config.hidden_size * config.expand_k) // config.num_heads]
+    if mt == "gated_deltanet":
+        return [config.head_dim]
+    if mt == "mamba2":
+        return [config.state_size]
+    return [config.linear_key_head_dim]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(str(TINY / "tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def unigram_counts(tokenizer):
+    """Add-one unigram fitted on the same pretraining streams the models were trained on."""
+    return pretrain_unigram_counts(tokenizer, ("ptb", "wiki", "books", "bible"))
+
+
+def test_checkpoints_fit_the_size_budget():
+    total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
+    assert total <= 40 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 40 MiB"
+
+
+def test_tokenizer_is_byte_level_bpe_of_about_8k(tokenizer):
+    assert 7000 <= len(tokenizer) <= 9000
+    text = "Pierre Vinken, 61 years old, will join the board. Ünïcödé 漢字\n\tAnd God said"
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+    assert tokenizer.eos_token_id is not None and tokenizer.pad_token_id is not None
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_checkpoint_loads_and_beats_unigram_by_3x(name, tokenizer, unigram_counts):
+    install_cpu_backend()
+    path = CHECKPOINTS / name
+    model = AutoModelForCausalLM.from_pretrained(str(path))
+    assert model.config.model_type == FAMILIES[name]
+    if name == "mamba2":
+        assert type(model).__module__.startswith("transformers."), "mamba2 must load as transformers' class"
+    assert set(_key_head_dims(model.config)) == {64}
+    record = json.loads((path / "training_record.json").read_text())
+    assert record["tokenizer_sha256"] == tokenizer_hash(TINY / "tokenizer") == tokenizer_hash(path)
+    for corpus, meta in record["data"].items():
+        assert meta["sha256"] == get_corpus_info(corpus).sha256, corpus
+    assert record["train_tokens_seen"] > 0 and record["wall_time_s"] > 0
+    seq_len = record["config"]["seq_len"]
+    for corpus in EVAL_CORPORA:
+        tokens = torch.from_numpy(stream_tokens(tokenizer, corpus, "evaluation", split="test"))
+        ppl = math.exp(window_nll(model, tokens, seq_len, 32).double().mean().item())
+        uni = math.exp(unigram_nll(unigram_counts, tokens, seq_len).mean().item())
+        reported = record["eval"][f"{corpus}_test"]
+        assert ppl == pytest.approx(reported["ppl"], rel=1e-3), (corpus, ppl, reported)
+        assert uni == pytest.approx(reported["unigram_ppl"], rel=1e-6), (corpus, uni, reported)
+        assert ppl <= uni / 3, f"{name} {corpus} test ppl {ppl:.1f} > unigram {uni:.1f} / 3"
