@@ -73,10 +73,12 @@ def plot(cells, path: Path, profile: str) -> None:
     families = [f for f in FAMILY_NAMES if any(k[0] == f for k in cells)]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     width = 0.8 / len(METHODS)
+    colors = plt.get_cmap("tab10")
     for j, m in enumerate(METHODS):
         ys = [cells.get((f, m, False), {}).get("wiki_ppl") for f in families]
         xs = [i + j * width for i, y in enumerate(ys) if y is not None]
-        ax.bar(xs, [y for y in ys if y is not None], width, label=METHOD_NAMES[m])
+        if xs:
+            ax.bar(xs, [y for y in ys if y is not None], width, label=METHOD_NAMES[m], color=colors(j))
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(families))], [FAMILY_NAMES[f] for f in families])
     ax.set_yscale("log")
     ax.set_ylabel("Wiki perplexity (pre-RFT)")
