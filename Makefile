@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PROFILE ?= tiny
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-all table20 tiny-models tokenizer clean-venv help
+.PHONY: setup test table20 tiny-models tokenizer clean-venv help
 
 help:
 	@echo "make table20   Table 20 (profile $(PROFILE)) as LaTeX and plots"
@@ -29,10 +29,11 @@ test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 tokenizer: setup
-	$(PY) experiments/tiny_models/train_tokenizer.py
+	$(VENV)/bin/state-reduction train-tokenizer
 
+# Resumable: rerunning after an interruption continues from the last saved step.
 tiny-models: setup
-	$(PY) experiments/tiny_models/pretrain.py --all
+	$(VENV)/bin/state-reduction pretrain experiments/tiny_models/configs/*.yaml
 
 table20: setup
 	$(PY) -m state_reduction.cli table20-runs --profile $(PROFILE)

@@ -7,8 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TINY_MODELS_DIR = REPO_ROOT / "experiments" / "tiny_models"
+from state_reduction.baselines import TINY_CHECKPOINTS
+from state_reduction.provenance import REPO_ROOT
+
+TINY_MODELS_DIR = TINY_CHECKPOINTS.parent
 
 
 def _cmd_data(args) -> int:
@@ -80,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("pretrain", help="pretrain tiny models from their YAML configs (resumable)")
     r.add_argument("configs", nargs="+", help="experiments/tiny_models/configs/*.yaml")
     r.add_argument("--tokenizer", default=str(TINY_MODELS_DIR / "tokenizer"))
-    r.add_argument("--out-root", default=str(TINY_MODELS_DIR / "checkpoints"))
+    r.add_argument("--out-root", default=str(TINY_CHECKPOINTS))
     r.add_argument("--run-root", default=str(REPO_ROOT / "runs" / "tiny_models"))
     r.add_argument("--steps", type=int, default=None, help="override the config's number of steps")
     r.add_argument("--threads", type=int, default=None)
