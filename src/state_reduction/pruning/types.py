@@ -1,0 +1,96 @@
+"""The contracts between adapters, calibration and selectors.
+
+Vocabulary: a *key head* is the unit that owns one set of key channels of the recurrent state: a head
+of (Gated) DeltaNet, a B/C group of Mamba-2 (B = key, C = query), a linear key head of Qwen3.5 (its
+value heads share key heads). Channels are indexed 0..K-1 within a key head; K is the per-head key
+dimension (Mamba-2: `state_size`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+QKHook = Callable[[torch.Tensor, torch.Tensor], None]  # (q, k), each [B, T, H, K], post-conv/activation
+InputHook = Callable[[torch.Tensor], None]  # x [B, T, d_in]: the input of the q/k projections
+
+
+@dataclass(frozen=True)
+class MixerRef:
+    """One sequence mixer whose key channels can be reduced."""
+
+    layer: int  # index of the decoder layer
+    name: str  # qualified module name in the model
+    module: nn.Module
+
+
+@dataclass
+class LayerCalibration:
+    """Calibration statistics of one mixer, accumulated over tokens (memory independent of their number).
+
+    Shapes use H key heads and K channels per head; d_in is the width of the q/k projections' input."""
+
+    n_tokens: int = 0
+    gram_q: torch.Tensor | None = None  # [H, K, K] float64: sum_t q_t q_t^T of post-conv queries
+    gram_k: torch.Tensor | None = None  # [H, K, K] float64: same for keys
+    sum_k: torch.Tensor | None = None  # [H, K] float64: sum of L2-normalised keys (PCA centring)
+    sum_kk: torch.Tensor | None = None  # [H, K, K] float64: sum of outer products of L2-normalised keys
+    sum_q: torch.Tensor | None = None  # [H, K] float64: same for queries (PCA pooled with q)
+    sum_qq: torch.Tensor | None = None  # [H, K, K] float64
+    input_sq: torch.Tensor | None = None  # [d_in] float64: sum_t x_{t,i}^2 (S-Wanda uses its sqrt)
+    saliency_q: torch.Tensor | None = None  # [H, K] float64: sum_i |W_Q[j, i] * dL/dW_Q[j, i]|
+    saliency_k: torch.Tensor | None = None  # [H, K] float64
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class KeyChannelSelection:
+    """What to keep in one mixer: per-head channel indices, or a per-head semi-orthogonal map (PCA)."""
+
+    keep: torch.Tensor | None = None  # [H, K'] int64, sorted ascending per head
+    rotation: torch.Tensor | None = None  # [H, K', K]: new channel r = sum_d T[r, d] old channel d
+
+    @property
+    def kept(self) -> int:
+        return (self.keep if self.keep is not None else self.rotation).shape[1]
+
+
+class KeyChannelAdapter(ABC):
+    """Where one model family keeps its key/query channels and how to cut them.
+
+    One subclass per family, registered in `state_reduction.pruning.adapters.ADAPTERS` by model_type."""
+
+    model_type: str
+
+    @abstractmethod
+    def mixers(self, model: nn.Module) -> Iterator[MixerRef]:
+        """The mixers whose state is reduced, in layer order (Qwen3.5: only the Gated DeltaNet layers)."""
+
+    @abstractmethod
+    def key_heads(self, config) -> tuple[int, int]:
+        """(H, K): key heads per mixer and channels per key head."""
+
+    @abstractmethod
+    def qk_weights(self, mixer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_Q, W_K) as [H, K, d_in] views of the projection rows that produce q and k (Mamba-2: C, B)."""
+
+    @abstractmethod
+    def add_hooks(self, mixer: nn.Module, on_qk: QKHook | None = None, on_input: InputHook | None = None) -> list:
+        """Register forward hooks delivering post-conv(+activation) q, k [B, T, H, K] and the q/k projection
+        input [B, T, d_in]; returns handles to remove."""
+
+    @abstractmethod
+    def apply_selection(self, mixer: nn.Module, selection: KeyChannelSelection) -> None:
+        """Physically shrink the mixer's q/k projection rows and conv channels in place."""
+
+    @abstractmethod
+    def update_config(self, config, new_k: int) -> None:
+        """Rewrite `config` in place so that stock loaders build the reduced model."""
+
+    @abstractmethod
+    def state_bytes_per_sequence(self, config, dtype: torch.dtype = torch.bfloat16) -> int:
+        """Recurrent-state bytes of one sequence across all reducible mixers (conv caches excluded)."""
