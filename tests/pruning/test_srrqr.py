@@ -91,7 +91,7 @@ def test_swaps_fix_kahan():
 def test_max_swaps_respected(max_swaps):
     _, full = srrqr(block_kahan(), 61)
     assert full.swaps > max_swaps
-    perm, info = srrqr(block_kahan(), 61, max_swaps=max_swaps)
+    _perm, info = srrqr(block_kahan(), 61, max_swaps=max_swaps)
     assert info.swaps == max_swaps and not info.converged and info.max_rho > F
 
 

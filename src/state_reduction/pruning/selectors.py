@@ -1,0 +1,233 @@
+"""Key-channel selectors (paper 3.4, appendix B.2-B.4, C.6, C.7): calibration statistics -> what to keep.
+
+Every selector has the signature
+
+    (stats, w_q [H, K, d_in], w_k [H, K, d_in], keep, mode, generator, layer) -> KeyChannelSelection
+
+and is registered in `SELECTORS` by name. `mode` picks the coupled-selection variant of Table 16: "kq"
+(queries and keys, the default), "k" (keys only) or "q" (queries only). Score-based selectors keep the
+`keep` highest scores per head (ties: lower index first) and return the indices sorted; `keep == K`
+returns the identity (ratio 0 leaves the model untouched) without reading any statistic.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from state_reduction.pruning.srrqr import srrqr_from_gram
+from state_reduction.pruning.types import KeyChannelSelection, LayerCalibration
+
+MODES = ("kq", "k", "q")
+DRRQR_F = 1.5  # swap threshold f of strong RRQR (paper, appendix B.2)
+
+Selector = Callable[..., KeyChannelSelection]
+SELECTORS: dict[str, Selector] = {}
+
+
+def keep_count(K: int, ratio: float, multiple: int | None = None) -> int:
+    """Channels kept per head at compression ratio `ratio` (fraction removed): floor(K * (1 - ratio)),
+    optionally rounded down to a multiple of `multiple` (kernel-friendly budgets, e.g. 8 or 16)."""
+    if not isinstance(K, int) or K < 1:
+        raise ValueError(f"K must be a positive int, got {K!r}")
+    max_ratio = 1.0 - 1.0 / K
+    if not (isinstance(ratio, (int, float)) and 0.0 <= ratio < 1.0):
+        raise ValueError(f"compression ratio must be in [0, {max_ratio:g}] for K={K} (fraction removed), got {ratio!r}")
+    kept = math.floor(K * (1.0 - ratio) + 1e-9)  # 1e-9: 100 * (1 - 0.3) is 69.99999999999999
+    if kept < 1:
+        raise ValueError(f"compression ratio {ratio} removes every channel of K={K}; allowed range [0, {max_ratio:g}]")
+    if multiple is not None:
+        if not isinstance(multiple, int) or multiple < 1:
+            raise ValueError(f"multiple must be a positive int, got {multiple!r}")
+        if kept < multiple:
+            raise ValueError(
+                f"compression ratio {ratio} keeps {kept} of K={K} channels, fewer than multiple={multiple}; "
+                f"allowed range [0, {1.0 - multiple / K:g}]"
+            )
+        kept -= kept % multiple
+    return kept
+
+
+def get_selector(name: str) -> Selector:
+    if name in SELECTORS:
+        return SELECTORS[name]
+    close = difflib.get_close_matches(name, list(SELECTORS), n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise KeyError(f"unknown selector {name!r}{hint} (known: {', '.join(SELECTORS)})")
+
+
+def select(
+    name: str,
+    stats: LayerCalibration | None,
+    w_q: torch.Tensor,
+    w_k: torch.Tensor,
+    keep: int,
+    mode: str = "kq",
+    generator: torch.Generator | None = None,
+    layer: int = 0,
+) -> KeyChannelSelection:
+    return get_selector(name)(stats, w_q, w_k, keep, mode, generator, layer)
+
+
+def register(name: str) -> Callable[[Selector], Selector]:
+    """Register a selector under `name`, wrapped with the argument checks every selector shares."""
+
+    def wrap(fn: Selector) -> Selector:
+        if name in SELECTORS:
+            raise ValueError(f"selector {name!r} registered twice")
+
+        @functools.wraps(fn)
+        def checked(stats, w_q, w_k, keep, mode="kq", generator=None, layer=0, **options):
+            H, K = _check_args(name, w_q, w_k, keep, mode, layer)
+            if keep == K:
+                return KeyChannelSelection(keep=torch.arange(K).expand(H, K).clone())
+            return fn(stats, w_q, w_k, keep, mode, generator, layer, **options)
+
+        SELECTORS[name] = checked
+        return checked
+
+    return wrap
+
+
+def _check_args(method: str, w_q: torch.Tensor, w_k: torch.Tensor, keep: int, mode: str, layer: int) -> tuple[int, int]:
+    if mode not in MODES:
+        raise ValueError(
+            f"{method}: mode must be one of {MODES} (kq: queries and keys, k: keys, q: queries), got {mode!r}"
+        )
+    if w_q.ndim != 3 or w_q.shape != w_k.shape:
+        raise ValueError(
+            f"{method}: w_q and w_k must both be [H, K, d_in], got {tuple(w_q.shape)} and {tuple(w_k.shape)}"
+        )
+    H, K, _ = w_q.shape
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= K:
+        raise ValueError(f"{method}: keep must be an int in 1..{K} (K = {K}), got {keep!r}")
+    for label, w in (("w_q", w_q), ("w_k", w_k)):
+        bad = ~torch.isfinite(w.detach())
+        if bad.any():
+            raise ValueError(f"{method}: layer {layer} head {bad.nonzero()[0, 0].item()}: {label} has NaN or Inf")
+    return H, K
+
+
+def _stat(stats: LayerCalibration | None, field: str, method: str, layer: int, shape: tuple, hint: str) -> torch.Tensor:
+    """One calibration statistic as float64, checked for presence, shape and finiteness."""
+    t = getattr(stats, field) if stats is not None else None
+    if t is None:
+        raise ValueError(f"{method} needs {hint} (layer {layer} has no {field})")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{method}: layer {layer} {field} has shape {tuple(t.shape)}, expected {shape}")
+    t = t.detach().to("cpu", torch.float64)
+    bad = ~torch.isfinite(t)
+    if bad.any():
+        where = bad.nonzero()[0].tolist()
+        at = f"channel {where[0]}" if t.ndim == 1 else f"head {where[0]}"
+        raise ValueError(f"{method}: layer {layer} {at}: {field} has NaN or Inf (calibration diverged?)")
+    return t
+
+
+def _pair(mode: str, q, k):
+    """The terms that enter a coupled score: both, keys only or queries only (Table 16)."""
+    return {"kq": (q, k), "k": (k,), "q": (q,)}[mode]
+
+
+def _top(scores: torch.Tensor, keep: int) -> KeyChannelSelection:
+    """[H, K] scores -> the `keep` largest per head, ties to the lower index, returned sorted."""
+    order = torch.sort(-scores, dim=1, stable=True).indices
+    return KeyChannelSelection(keep=order[:, :keep].sort(dim=1).values.to(torch.int64))
+
+
+def _weights(w: torch.Tensor) -> torch.Tensor:
+    return w.detach().to("cpu", torch.float64)
+
+
+@register("rand")
+def select_rand(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+    """A random permutation per head from `generator` (required: unseeded selections are not reproducible)."""
+    if generator is None:
+        raise ValueError("rand needs a seeded torch.Generator (generator=None)")
+    H, K, _ = w_q.shape
+    idx = torch.stack([torch.randperm(K, generator=generator)[:keep] for _ in range(H)])
+    return KeyChannelSelection(keep=idx.sort(dim=1).values)
+
+
+@register("l1")
+def select_l1(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+    """s_j = ||W_Q[j, :]||_1 + ||W_K[j, :]||_1 (paper 3.4)."""
+    return _top(sum(_weights(w).abs().sum(-1) for w in _pair(mode, w_q, w_k)), keep)
+
+
+@register("wanda")
+def select_wanda(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+    """S-Wanda: s_j = sum_i (|W_Q[j, i]| + |W_K[j, i]|) * ||X[:, i]||_2, X the q/k projection input (3.4)."""
+    d_in = w_q.shape[2]
+    x_norm = _stat(stats, "input_sq", "wanda", layer, (d_in,), "input_sq: run calibration with input hooks").sqrt()
+    return _top(sum((_weights(w).abs() * x_norm).sum(-1) for w in _pair(mode, w_q, w_k)), keep)
+
+
+@register("grad")
+def select_grad(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+    """s_j = sum_i |W_Q[j, i] dL/dW_Q[j, i]| + |W_K[j, i] dL/dW_K[j, i]| (3.4), summed in calibration."""
+    H, K, _ = w_q.shape
+    hint = "saliency_q/saliency_k: run calibration with gradients"
+    terms = [_stat(stats, f"saliency_{s}", "grad", layer, (H, K), hint) for s in _pair(mode, "q", "k")]
+    return _top(sum(terms), keep)
+
+
+@register("drrqr")
+def select_drrqr(stats, w_q, w_k, keep, mode, generator, layer, *, f: float = DRRQR_F, max_swaps: int | None = None):
+    """Strong RRQR on M_h = [Q_h; K_h] per head (appendix B.2), through its Gram matrix Q^T Q + K^T K
+    (post-conv q/k, before the L2 norm) accumulated over all calibration tokens."""
+    H, K, _ = w_q.shape
+    hint = "gram_q/gram_k: run calibration with q/k hooks"
+    G = sum(_stat(stats, f"gram_{s}", "drrqr", layer, (H, K, K), hint) for s in _pair(mode, "q", "k"))
+    n_rows = stats.n_tokens * (2 if mode == "kq" else 1)
+    kept, warned = [], {}
+    for h in range(H):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            perm, _ = srrqr_from_gram(G[h].numpy(), keep, f=f, max_swaps=max_swaps, n_rows=n_rows, label=f"head {h}")
+        if caught:
+            warned[h] = str(caught[0].message)
+        kept.append(np.sort(perm[:keep]))
+    if warned:
+        heads = ", ".join(map(str, warned))
+        warnings.warn(f"drrqr layer {layer}, heads {heads}: {next(iter(warned.values()))}", stacklevel=3)
+    return KeyChannelSelection(keep=torch.from_numpy(np.stack(kept)).to(torch.int64))
+
+
+def _pca(stats, w_q, keep, mode, layer, method: str, largest: bool) -> KeyChannelSelection:
+    """Eigenvectors of the centred covariance of L2-normalised keys (pooled with queries in mode kq) as
+    rows of T [H, keep, K] (appendix B.3, C.6). Signs: the largest-magnitude entry of each row is positive
+    (the first such entry on exact ties)."""
+    H, K, _ = w_q.shape
+    hint = "sum_k/sum_kk and sum_q/sum_qq (PCA moments): run calibration with q/k hooks"
+    if stats is None or stats.n_tokens <= 0:
+        raise ValueError(f"{method} needs {hint} (layer {layer} has no calibration tokens)")
+    terms = _pair(mode, "q", "k")
+    sums = [_stat(stats, f"sum_{s}", method, layer, (H, K), hint) for s in terms]
+    outer = [_stat(stats, f"sum_{s}{s}", method, layer, (H, K, K), hint) for s in terms]
+    n = stats.n_tokens * len(terms)
+    mean = sum(sums) / n  # [H, K]
+    cov = sum(outer) / n - mean[:, :, None] * mean[:, None, :]
+    _, vecs = torch.linalg.eigh(0.5 * (cov + cov.transpose(1, 2)))  # ascending; eigenvectors as columns
+    cols = vecs.flip(-1)[:, :, :keep] if largest else vecs[:, :, :keep]
+    T = cols.transpose(1, 2).contiguous()  # [H, keep, K]
+    sign = torch.sign(T.gather(-1, T.abs().argmax(dim=-1, keepdim=True)))
+    return KeyChannelSelection(rotation=T * sign)
+
+
+@register("pca")
+def select_pca(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+    """Top-`keep` principal directions ("proper" PCA, appendix C.6.2)."""
+    return _pca(stats, w_q, keep, mode, layer, "pca", largest=True)
+
+
+@register("pca-adv")
+def select_pca_adv(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+    """Bottom-`keep` principal directions ("adversarial" PCA baseline, appendix C.6.2)."""
+    return _pca(stats, w_q, keep, mode, layer, "pca-adv", largest=False)
