@@ -290,6 +290,10 @@ def test_errors(setup):
     bad.saliency_q[1, 0] = float("inf")
     with pytest.raises(ValueError, match="grad: layer 9 head 1: saliency_q has NaN or Inf"):
         select("grad", bad, w_q, w_k, 4, "q", gen(0), 9)
+    bad.input_sq[5] = float("nan")
+    with pytest.raises(ValueError, match="wanda: layer 9 input feature 5: input_sq has NaN or Inf"):
+        select("wanda", bad, w_q, w_k, 4, "kq", gen(0), 9)
+    assert select("l1", None, w_q, w_k, np.int64(4), "kq", None, 0).keep.shape == (H, 4)
     w_nan = w_k.clone()
     w_nan[1, 2, 3] = float("nan")
     with pytest.raises(ValueError, match="l1: layer 0 head 1: w_k has NaN or Inf"):

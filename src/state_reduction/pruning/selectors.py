@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import numbers
 import warnings
 from collections.abc import Callable
 
@@ -72,6 +73,7 @@ def select(
     generator: torch.Generator | None = None,
     layer: int = 0,
 ) -> KeyChannelSelection:
+    """Run the selector registered as `name` on one mixer (see the module docstring for the arguments)."""
     return get_selector(name)(stats, w_q, w_k, keep, mode, generator, layer)
 
 
@@ -87,7 +89,7 @@ def register(name: str) -> Callable[[Selector], Selector]:
             H, K = _check_args(name, w_q, w_k, keep, mode, layer)
             if keep == K:
                 return KeyChannelSelection(keep=torch.arange(K).expand(H, K).clone())
-            return fn(stats, w_q, w_k, keep, mode, generator, layer, **options)
+            return fn(stats, w_q, w_k, int(keep), mode, generator, layer, **options)
 
         SELECTORS[name] = checked
         return checked
@@ -105,7 +107,7 @@ def _check_args(method: str, w_q: torch.Tensor, w_k: torch.Tensor, keep: int, mo
             f"{method}: w_q and w_k must both be [H, K, d_in], got {tuple(w_q.shape)} and {tuple(w_k.shape)}"
         )
     H, K, _ = w_q.shape
-    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= K:
+    if isinstance(keep, bool) or not isinstance(keep, numbers.Integral) or not 1 <= keep <= K:
         raise ValueError(f"{method}: keep must be an int in 1..{K} (K = {K}), got {keep!r}")
     for label, w in (("w_q", w_q), ("w_k", w_k)):
         bad = ~torch.isfinite(w.detach())
@@ -125,7 +127,7 @@ def _stat(stats: LayerCalibration | None, field: str, method: str, layer: int, s
     bad = ~torch.isfinite(t)
     if bad.any():
         where = bad.nonzero()[0].tolist()
-        at = f"channel {where[0]}" if t.ndim == 1 else f"head {where[0]}"
+        at = f"input feature {where[0]}" if t.ndim == 1 else f"head {where[0]}"
         raise ValueError(f"{method}: layer {layer} {at}: {field} has NaN or Inf (calibration diverged?)")
     return t
 
