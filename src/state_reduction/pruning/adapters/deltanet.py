@@ -1,0 +1,143 @@
+"""fla DeltaNet: separate q_proj/k_proj and q_conv1d/k_conv1d (ShortConvolution, SiLU inside the conv).
+
+`FlaKeyChannelAdapter` holds what fla's DeltaNet and GatedDeltaNet share; the subclasses hold their facts
+(mixer class, config fields) in `FlaLayout`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from state_reduction.pruning.adapters.base import (
+    check_selection,
+    cut_rows,
+    find_mixers,
+    replace_conv_channels,
+    replace_linear_rows,
+)
+from state_reduction.pruning.types import InputHook, KeyChannelAdapter, KeyChannelSelection, MixerRef, QKHook
+
+
+@dataclass(frozen=True)
+class FlaLayout:
+    mixer_class: str  # "module:Class"
+    q_proj: str = "q_proj"
+    k_proj: str = "k_proj"
+    q_conv: str = "q_conv1d"
+    k_conv: str = "k_conv1d"
+
+
+def _import(path: str) -> type:
+    module, _, attr = path.partition(":")
+    return getattr(__import__(module, fromlist=[attr]), attr)
+
+
+class FlaKeyChannelAdapter(KeyChannelAdapter):
+    layout: FlaLayout
+    family: str
+
+    def mixers(self, model: nn.Module) -> Iterator[MixerRef]:
+        return find_mixers(model, _import(self.layout.mixer_class), self.family)
+
+    def qk_weights(self, mixer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        h, k = mixer.num_heads, mixer.head_k_dim
+        wq = getattr(mixer, self.layout.q_proj).weight
+        wk = getattr(mixer, self.layout.k_proj).weight
+        return wq.view(h, k, -1), wk.view(h, k, -1)
+
+    def post_conv_activation(self, mixer: nn.Module):
+        """What the layer applies to q/k between the conv output (or the projection without conv) and the kernel."""
+        return
+
+    def add_hooks(self, mixer: nn.Module, on_qk: QKHook | None = None, on_input: InputHook | None = None) -> list:
+        lay = self.layout
+        handles = []
+        if on_input is not None:
+            handles.append(getattr(mixer, lay.q_proj).register_forward_pre_hook(lambda m, args: on_input(args[0])))
+        if on_qk is None:
+            return handles
+        h, k = mixer.num_heads, mixer.head_k_dim
+        act = self.post_conv_activation(mixer)
+        pending = {}
+
+        def as_heads(y: torch.Tensor) -> torch.Tensor:  # [B, T, H*K] -> [B, T, H, K]
+            y = act(y) if act is not None else y
+            return y.reshape(*y.shape[:-1], h, k)
+
+        def on_q(module, args, out):
+            pending["q"] = as_heads(out[0] if isinstance(out, tuple) else out)
+
+        def on_k(module, args, out):
+            on_qk(pending.pop("q"), as_heads(out[0] if isinstance(out, tuple) else out))
+
+        conv = mixer.use_short_conv
+        handles.append(getattr(mixer, lay.q_conv if conv else lay.q_proj).register_forward_hook(on_q))
+        handles.append(getattr(mixer, lay.k_conv if conv else lay.k_proj).register_forward_hook(on_k))
+        handles.extend(self.force_separate_convs(mixer))
+        return handles
+
+    def force_separate_convs(self, mixer: nn.Module) -> list:
+        return []
+
+    def apply_selection(self, mixer: nn.Module, selection: KeyChannelSelection) -> None:
+        lay = self.layout
+        h, k = mixer.num_heads, mixer.head_k_dim
+        check_selection(selection, h, k, f"{self.family} layer {mixer.layer_idx}")
+        with torch.no_grad():
+            for name in (lay.q_proj, lay.k_proj):
+                proj = getattr(mixer, name)
+                replace_linear_rows(proj, cut_rows(proj.weight, selection, h))
+            if mixer.use_short_conv:
+                for name in (lay.q_conv, lay.k_conv):
+                    conv = getattr(mixer, name)
+                    bias = cut_rows(conv.bias, selection, h) if conv.bias is not None else None
+                    replace_conv_channels(conv, cut_rows(conv.weight, selection, h, squared=True), bias)
+        mixer.head_k_dim = selection.kept
+        mixer.key_dim = h * selection.kept
+
+
+class DeltaNetAdapter(FlaKeyChannelAdapter):
+    """fla DeltaNet. key_dim = hidden_size * expand_k, head_k_dim = key_dim / num_heads; state [H, K, V]."""
+
+    model_type = "delta_net"
+    family = "DeltaNet"
+    layout = FlaLayout(mixer_class="fla.layers.delta_net:DeltaNet")
+
+    def key_heads(self, config) -> tuple[int, int]:
+        key_dim = round(config.hidden_size * config.expand_k)
+        return config.num_heads, key_dim // config.num_heads
+
+    def post_conv_activation(self, mixer: nn.Module):
+        from fla.modules.activations import elu_p1
+
+        if mixer.use_short_conv and mixer.qk_activation == "silu":
+            return None  # inside ShortConvolution
+        return {"silu": F.silu, "identity": None, "relu": torch.relu, "elu": elu_p1}[mixer.qk_activation]
+
+    def apply_selection(self, mixer: nn.Module, selection: KeyChannelSelection) -> None:
+        super().apply_selection(mixer, selection)
+        mixer.expand_k = mixer.key_dim / mixer.hidden_size
+
+    def update_config(self, config, new_k: int) -> None:
+        key_dim = config.num_heads * new_k
+        expand_k = key_dim / config.hidden_size
+        if round(config.hidden_size * expand_k) != key_dim or not math.isclose(config.hidden_size * expand_k, key_dim):
+            raise ValueError(f"DeltaNet: no float expand_k gives key_dim {key_dim} with hidden_size {config.hidden_size}.")
+        config.expand_k = expand_k
+
+    def state_bytes_per_sequence(self, config, dtype: torch.dtype = torch.bfloat16) -> int:
+        """Sum over DeltaNet layers (not fla hybrid attention layers) of H * K * V * bytes: the delta-rule state."""
+        h, k = self.key_heads(config)
+        v = round(config.hidden_size * config.expand_v) // config.num_heads
+        return _n_linear_layers(config) * h * k * v * torch.empty((), dtype=dtype).element_size()
+
+
+def _n_linear_layers(config) -> int:
+    attn_layers = set((config.attn or {}).get("layers", [])) if getattr(config, "attn", None) else set()
+    return config.num_hidden_layers - len(attn_layers)

@@ -1,0 +1,390 @@
+"""Key-channel adapters and surgery: equalities that must hold on tiny float64 models of every family, and a
+save/reload round trip of every committed tiny checkpoint.
+
+Slicing vs masking. Mamba-2 has no normalisation: slicing B/C channels equals zeroing their in_proj rows and
+conv weights/bias in the dense model. (Gated) DeltaNet and Qwen3.5 L2-normalise q and k in the kernel and scale
+q by K^-0.5: zeroed channels leave the norm of the kept ones unchanged and leave zero rows in the state, so the
+sliced model equals the masked dense model *with the kernel scale set to K'^-0.5* (here: q and k normalised
+before the kernel and q multiplied by sqrt(K/K')); without that the outputs differ.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import state_reduction  # noqa: F401  (registers the families)
+from state_reduction.backend import install_cpu_backend
+from state_reduction.models import build_model
+from state_reduction.pruning.adapters import ADAPTERS, get_adapter
+from state_reduction.pruning.adapters.gated_deltanet import expand_v_for
+from state_reduction.pruning.surgery import reduce_model, save_reduced
+from state_reduction.pruning.types import KeyChannelSelection
+
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "experiments" / "tiny_models" / "checkpoints"
+VOCAB = 97
+CONFIGS = {
+    "deltanet": {"hidden_size": 64, "num_hidden_layers": 2, "num_heads": 4, "expand_k": 1.0, "expand_v": 1.0,
+                 "conv_size": 4, "vocab_size": VOCAB, "fuse_cross_entropy": False},
+    "gated_deltanet": {"hidden_size": 64, "num_hidden_layers": 2, "num_heads": 4, "head_dim": 16, "expand_v": 2,
+                       "conv_size": 4, "vocab_size": VOCAB, "fuse_cross_entropy": False},
+    "mamba2": {"hidden_size": 64, "num_hidden_layers": 2, "state_size": 16, "n_groups": 2, "expand": 2, "head_dim": 16,
+               "num_heads": 8, "conv_kernel": 4, "chunk_size": 8, "vocab_size": VOCAB},
+    "qwen3_5": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 2,
+                "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
+                "linear_num_value_heads": 4, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+                "vocab_size": VOCAB},
+}
+FAMILIES = list(CONFIGS)
+DELTA_FAMILIES = ["deltanet", "gated_deltanet", "qwen3_5"]
+# where each family's delta-rule kernels are looked up at call time
+KERNELS = {
+    "deltanet": ("fla.layers.delta_net", ("chunk_delta_rule", "fused_recurrent_delta_rule")),
+    "gated_deltanet": ("fla.layers.gated_deltanet", ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")),
+    "qwen3_5": ("transformers.models.qwen3_5.modeling_qwen3_5",
+                ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")),
+}
+CACHE_KWARG = {"deltanet": "past_key_values", "gated_deltanet": "past_key_values", "mamba2": "cache", "qwen3_5": "cache"}
+# Qwen3.5's torch kernels and transformers' Mamba-2 scan compute in float32 even for float64 inputs
+ATOL = {"deltanet": 1e-10, "gated_deltanet": 1e-10, "mamba2": 1e-5, "qwen3_5": 1e-5}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_backend():
+    install_cpu_backend()
+
+
+def tiny(family: str, seed: int = 0, **overrides):
+    return build_model(family, {**CONFIGS[family], **overrides}, seed=seed, dtype=torch.float64).eval()
+
+
+def tokens(seed: int = 0, length: int = 20) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def logits(model, ids) -> torch.Tensor:
+    return model(ids, use_cache=False).logits
+
+
+def random_keep(heads: int, channels: int, kept: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(channels, generator=g)[:kept].sort().values for _ in range(heads)])
+
+
+def select_all(model, make) -> dict[int, KeyChannelSelection]:
+    adapter = get_adapter(model)
+    return {ref.layer: make(ref.layer) for ref in adapter.mixers(model)}
+
+
+def selection_matrix(keep: torch.Tensor, channels: int) -> torch.Tensor:
+    """[H, K'] indices -> [H, K', K] rows of the identity (P_I of paper section 3.3)."""
+    return torch.nn.functional.one_hot(keep, channels).double()
+
+
+def wrap_kernels(monkeypatch, family: str, transform) -> None:
+    """Replace the family's delta-rule kernels by `transform(q, k, kwargs) -> (q, k)` followed by the kernel."""
+    module_name, names = KERNELS[family]
+    module = __import__(module_name, fromlist=["_"])
+    for name in names:
+        original = getattr(module, name)
+
+        @functools.wraps(original)
+        def wrapped(*args, original=original, **kwargs):
+            if "q" in kwargs:
+                kwargs["q"], kwargs["k"] = transform(kwargs["q"], kwargs["k"], kwargs)
+            else:
+                args = (*transform(args[0], args[1], kwargs), *args[2:])
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapped)
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + 1e-6)  # fla's and transformers' in-kernel norm
+
+
+def conv_channels(model, mixer, keep_mask: torch.Tensor) -> tuple[torch.Tensor, list[torch.nn.Module]]:
+    """Conv channel indices of the removed q/k (C/B) channels, and the conv modules they index."""
+    removed = (~keep_mask).flatten().nonzero().flatten()  # in [H*K]
+    family_type = model.config.model_type
+    if family_type in ("delta_net", "gated_deltanet"):
+        return removed, [mixer.q_conv1d, mixer.k_conv1d]
+    if family_type == "mamba2":
+        gn = mixer.n_groups * mixer.ssm_state_size
+        offset = mixer.intermediate_size
+        return torch.cat([offset + removed, offset + gn + removed]), [mixer.conv1d]
+    return torch.cat([removed, mixer.key_dim + removed]), [mixer.conv1d]
+
+
+@torch.no_grad()
+def mask_dense(model, keep: torch.Tensor) -> None:
+    """Zero the removed channels' q/k projection rows and conv weights (and bias) in the dense model."""
+    adapter = get_adapter(model)
+    heads, channels = adapter.key_heads(model.config)
+    keep_mask = torch.zeros(heads, channels, dtype=torch.bool).scatter_(1, keep, True)
+    for ref in adapter.mixers(model):
+        for w in adapter.qk_weights(ref.module):  # views of the projection weights
+            w[~keep_mask] = 0
+        index, convs = conv_channels(model, ref.module, keep_mask)
+        for conv in convs:
+            conv.weight[index] = 0
+            if conv.bias is not None:
+                conv.bias[index] = 0
+
+
+# 1. ratio 0 ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_keeping_every_channel_reproduces_dense_logits_exactly(family):
+    model, ids = tiny(family), tokens()
+    dense = logits(model, ids)
+    heads, channels = get_adapter(model).key_heads(model.config)
+    keep = torch.arange(channels).repeat(heads, 1)
+    reduce_model(model, select_all(model, lambda layer: KeyChannelSelection(keep=keep)))
+    assert torch.equal(logits(model, ids), dense)
+
+
+# 2. slicing vs masking -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_slicing_equals_masking_with_the_new_kernel_scale(family, monkeypatch):
+    sliced, masked, ids = tiny(family), tiny(family), tokens()
+    heads, channels = get_adapter(sliced).key_heads(sliced.config)
+    kept = 5  # odd on purpose
+    keep = random_keep(heads, channels, kept)
+    reduce_model(sliced, select_all(sliced, lambda layer: KeyChannelSelection(keep=keep)))
+    mask_dense(masked, keep)
+    out = logits(sliced, ids)
+    if family in DELTA_FAMILIES:
+        assert not torch.allclose(out, logits(masked, ids), atol=1e-3), "K^-0.5 vs K'^-0.5 should matter"
+        factor = math.sqrt(channels / kept)
+
+        def kernel_scale_for_kept(q, k, kwargs):
+            kwargs["use_qk_l2norm_in_kernel"] = False
+            return l2norm(q) * factor, l2norm(k)
+
+        wrap_kernels(monkeypatch, family, kernel_scale_for_kept)
+    torch.testing.assert_close(out, logits(masked, ids), atol=ATOL[family], rtol=0)
+
+
+# 3. rotations ----------------------------------------------------------------------------------------------------
+
+def random_orthogonal(heads: int, channels: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.linalg.qr(torch.randn(heads, channels, channels, generator=g, dtype=torch.float64))[0]
+
+
+@pytest.mark.parametrize("family", DELTA_FAMILIES)
+def test_orthogonal_rotation_of_post_conv_q_and_k_leaves_output_unchanged(family, monkeypatch):
+    """Prop. 3.1: (k_t, q_t) -> (T k_t, T q_t) at the kernel input, per key head."""
+    model, ids = tiny(family), tokens()
+    dense = logits(model, ids)
+    heads, channels = get_adapter(model).key_heads(model.config)
+    t = random_orthogonal(heads, channels)
+
+    def rotate(q, k, kwargs):
+        return (torch.einsum("hrk,bthk->bthr", t.to(q.dtype), q), torch.einsum("hrk,bthk->bthr", t.to(k.dtype), k))
+
+    wrap_kernels(monkeypatch, family, rotate)
+    rotated = logits(model, ids)
+    torch.testing.assert_close(rotated, dense, atol=ATOL[family], rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rotation_by_selection_matrix_equals_slicing(family):
+    sliced, rotated, ids = tiny(family), tiny(family), tokens()
+    heads, channels = get_adapter(sliced).key_heads(sliced.config)
+    keep = random_keep(heads, channels, channels // 2, seed=1)
+    reduce_model(sliced, select_all(sliced, lambda layer: KeyChannelSelection(keep=keep)))
+    reduce_model(rotated, select_all(rotated, lambda layer: KeyChannelSelection(rotation=selection_matrix(keep, channels))))
+    torch.testing.assert_close(logits(rotated, ids), logits(sliced, ids), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rotation_by_permutation_reproduces_dense(family):
+    """A permutation moves each channel together with its conv filter (and bias): Prop. 3.1 without approximation."""
+    model, ids = tiny(family), tokens()
+    dense = logits(model, ids)
+    heads, channels = get_adapter(model).key_heads(model.config)
+    g = torch.Generator().manual_seed(2)
+    perm = torch.stack([torch.randperm(channels, generator=g) for _ in range(heads)])
+    reduce_model(model, select_all(model, lambda layer: KeyChannelSelection(rotation=selection_matrix(perm, channels))))
+    torch.testing.assert_close(logits(model, ids), dense, atol=ATOL[family], rtol=0)
+
+
+def test_dense_rotation_is_exact_with_shared_conv_filters_and_no_activation():
+    """Lemma B.2 + Prop. 3.1: with one conv filter per head and no SiLU the adapted filters sum_d T[r,d]^2 w equal w,
+    and a general orthogonal T on W_Q, W_K leaves DeltaNet unchanged."""
+    model, ids = tiny("deltanet", qk_activation="identity"), tokens()
+    adapter = get_adapter(model)
+    heads, channels = adapter.key_heads(model.config)
+    with torch.no_grad():
+        for ref in adapter.mixers(model):
+            for conv in (ref.module.q_conv1d, ref.module.k_conv1d):
+                w = conv.weight.view(heads, channels, -1)
+                w.copy_(w[:, :1].expand_as(w))
+    dense = logits(model, ids)
+    t = random_orthogonal(heads, channels, seed=3)
+    reduce_model(model, select_all(model, lambda layer: KeyChannelSelection(rotation=t)))
+    torch.testing.assert_close(logits(model, ids), dense, atol=1e-10, rtol=0)
+
+
+# 4. cached decode ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cached_decode_of_pruned_model_equals_full_forward(family):
+    model, ids = tiny(family), tokens(length=12)
+    heads, channels = get_adapter(model).key_heads(model.config)
+    keep = random_keep(heads, channels, channels // 2)
+    reduce_model(model, select_all(model, lambda layer: KeyChannelSelection(keep=keep)))
+    full = logits(model, ids)
+    with torch.no_grad():
+        out = model(ids[:, :8], use_cache=True)
+        steps = [out.logits]
+        for t in range(8, ids.shape[1]):
+            out = model(ids[:, t : t + 1], use_cache=True, **{CACHE_KWARG[family]: out.cache})
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL[family], rtol=0)
+
+
+# hooks -----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hooks_deliver_the_kernel_inputs_and_the_projection_input(family, monkeypatch):
+    model, ids = tiny(family), tokens()
+    adapter = get_adapter(model)
+    heads, channels = adapter.key_heads(model.config)
+    hooked, kernel, inputs = [], [], []
+    handles = []
+    for ref in adapter.mixers(model):
+        handles += adapter.add_hooks(ref.module, on_qk=lambda q, k: hooked.append((q, k)), on_input=inputs.append)
+    if family == "mamba2":
+        import transformers.models.mamba2.modeling_mamba2 as mamba2
+
+        original = mamba2.mamba2_chunk_scan
+
+        def scan(x, dt, A, B, C, *args, **kwargs):
+            kernel.append((C, B))
+            return original(x, dt, A, B, C, *args, **kwargs)
+
+        monkeypatch.setattr(mamba2, "mamba2_chunk_scan", scan)
+    else:
+        wrap_kernels(monkeypatch, family, lambda q, k, kwargs: kernel.append((q, k)) or (q, k))
+    dense = logits(model, ids)
+    n_mixers = len(list(adapter.mixers(model)))
+    assert len(hooked) == len(kernel) == len(inputs) == n_mixers
+    for (q, k), (kq, kk) in zip(hooked, kernel):
+        assert q.shape == k.shape == (2, ids.shape[1], heads, channels)
+        torch.testing.assert_close(q, kq.to(q.dtype), atol=1e-12, rtol=0)
+        torch.testing.assert_close(k, kk.to(k.dtype), atol=1e-12, rtol=0)
+    assert all(x.shape == (2, ids.shape[1], model.config.hidden_size) for x in inputs)
+    for h in handles:
+        h.remove()
+    hooked.clear()
+    torch.testing.assert_close(logits(model, ids), dense, atol=0, rtol=0)
+    assert not hooked
+
+
+# 6. state size ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_state_bytes_halve_at_50_percent(family):
+    model = tiny(family)
+    adapter = get_adapter(model)
+    heads, channels = adapter.key_heads(model.config)
+    before = adapter.state_bytes_per_sequence(model.config)
+    reduce_model(model, select_all(model, lambda layer: KeyChannelSelection(keep=random_keep(heads, channels, channels // 2))))
+    assert adapter.state_bytes_per_sequence(model.config) * 2 == before
+    assert adapter.state_bytes_per_sequence(model.config, torch.float32) == before  # twice the bytes of bf16
+
+
+def test_state_bytes_count_the_recurrent_state():
+    model = tiny("qwen3_5")
+    c = model.config
+    assert get_adapter(model).state_bytes_per_sequence(c) == 1 * 4 * 16 * 8 * 2  # 1 linear layer, Hv*K*V, bf16
+
+
+# 5. committed checkpoints: save/reload ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ratio", [0.5, 0.75])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reduced_checkpoint_saves_and_reloads_exactly(family, ratio, tmp_path):
+    path = CHECKPOINTS / family
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    adapter = get_adapter(model)
+    heads, channels = adapter.key_heads(model.config)
+    assert channels == 64
+    kept = math.floor(channels * (1 - ratio))
+    selections = select_all(model, lambda layer: KeyChannelSelection(keep=random_keep(heads, channels, kept, seed=layer)))
+    reduce_model(model, selections)
+    ids = tokens(length=16)
+    before = logits(model, ids)
+    out = save_reduced(model, tokenizer, tmp_path / "reduced")
+    reloaded = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    assert adapter.key_heads(reloaded.config) == (heads, kept)
+    assert torch.equal(logits(reloaded, ids), before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reduced"]
+
+
+# 7. errors -------------------------------------------------------------------------------------------------------
+
+def test_unknown_model_type_lists_supported_ones():
+    from types import SimpleNamespace
+
+    with pytest.raises(KeyError, match="did you mean 'mamba2'.*supported: delta_net"):
+        get_adapter(SimpleNamespace(model_type="mamba"))
+    with pytest.raises(KeyError, match="Qwen3_5ForCausalLM.*qwen3_5_text"):
+        get_adapter(SimpleNamespace(model_type="qwen3_5"))
+    assert set(ADAPTERS) == {"delta_net", "gated_deltanet", "mamba2", "qwen3_5_text"}
+
+
+def test_save_refuses_an_existing_directory(tmp_path):
+    model = tiny("deltanet")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(FileExistsError, match=str(tmp_path / "out")):
+        save_reduced(model, None, tmp_path / "out")
+    save_reduced(model, None, tmp_path / "out", overwrite=True)
+    assert (tmp_path / "out" / "config.json").exists()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bad_selections_are_rejected_naming_the_layer(family):
+    model = tiny(family)
+    adapter = get_adapter(model)
+    heads, channels = adapter.key_heads(model.config)
+    layer = next(iter(adapter.mixers(model))).layer
+    bad = {
+        "expected \\[H=": KeyChannelSelection(keep=random_keep(heads + 1, channels, 4)),
+        "must lie in": KeyChannelSelection(keep=torch.arange(channels - 3, channels + 1).repeat(heads, 1)),
+        "not strictly ascending": KeyChannelSelection(keep=torch.tensor([3, 1, 2, 0]).repeat(heads, 1)),
+        "rotation has shape": KeyChannelSelection(rotation=torch.zeros(heads, 4, channels + 1)),
+    }
+    for message, selection in bad.items():
+        with pytest.raises(ValueError, match=f"layer {layer}.*{message}"):
+            reduce_model(model, select_all(model, lambda _, selection=selection: selection))
+    with pytest.raises(ValueError, match="missing"):
+        reduce_model(model, {})
+
+
+def test_gated_deltanet_expand_v_survives_int_truncation():
+    for head_v in (128, 256, 96):
+        for new_k in range(1, 129):
+            expand_v = expand_v_for(head_v, new_k, num_v_heads=6)
+            assert int(new_k * expand_v) == head_v and int(6 * new_k * expand_v) == 6 * head_v, (head_v, new_k)
+
+
+def test_gated_deltanet_config_rebuilds_the_value_dim():
+    model = tiny("gated_deltanet", expand_v=1.0, head_dim=16)
+    heads, channels = get_adapter(model).key_heads(model.config)
+    reduce_model(model, select_all(model, lambda layer: KeyChannelSelection(keep=random_keep(heads, channels, 7))))
+    rebuilt = AutoModelForCausalLM.from_config(model.config)
+    for a, b in zip(get_adapter(model).mixers(model), get_adapter(rebuilt).mixers(rebuilt)):
+        assert (a.module.head_v_dim, a.module.head_k_dim) == (b.module.head_v_dim, b.module.head_k_dim) == (16, 7)
