@@ -57,7 +57,12 @@ ATOL = {"deltanet": 1e-10, "gated_deltanet": 1e-10, "mamba2": 1e-5, "qwen3_5": 1
 
 @pytest.fixture(scope="module", autouse=True)
 def cpu_backend():
+    """Tiny models run fastest on one thread; several threads on a shared CPU make this module ~10x slower."""
     install_cpu_backend()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def tiny(family: str, seed: int = 0, **overrides):
