@@ -53,6 +53,20 @@ def _cmd_pretrain(args) -> int:
     return 0
 
 
+def _cmd_prune(args) -> int:
+    from state_reduction.pruning.prune import PruneConfig, prune
+
+    record = prune(PruneConfig(
+        model=args.model, method=args.method, ratio=args.ratio, out=args.out, select=args.select,
+        calib=args.calib, n_calib=args.n_calib, seq_len=args.seq_len, seed=args.seed,
+        batch_size=args.batch_size, multiple=args.multiple, overwrite=args.overwrite, data_dir=args.data_dir))
+    sb = record["state_bytes_per_sequence"]
+    print(f"{record['model_type']}: {args.method} ({args.select}) kept {record['key_dim_after']}/{record['key_dim_before']} "
+          f"channels per head; state {sb['before']} -> {sb['after']} bytes/sequence; {args.out} "
+          f"({record['wall_time_s']} s)")
+    return 0
+
+
 def _cmd_table20_runs(args) -> int:
     from state_reduction.baselines import evaluate_dense_baselines
 
@@ -91,6 +105,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-resume", action="store_true", help="start over even if a run state exists")
     r.set_defaults(func=_cmd_pretrain)
 
+    pr = sub.add_parser("prune", help="remove key channels per head (state reduction) and save the smaller model")
+    pr.add_argument("model", help="checkpoint directory (or hub id on the paper profile)")
+    pr.add_argument("--method", required=True, help="rand, l1, wanda, grad, drrqr, pca, pca-adv")
+    pr.add_argument("--ratio", type=float, required=True, help="fraction of key channels removed, in [0, 1)")
+    pr.add_argument("--select", default="kq", help="coupled selection: kq (default), k or q (Table 16)")
+    pr.add_argument("--calib", default="ptb", help="calibration corpus (its calibration stream)")
+    pr.add_argument("--n-calib", type=int, default=32, help="calibration sequences")
+    pr.add_argument("--seq-len", type=int, default=256)
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--batch-size", type=int, default=8)
+    pr.add_argument("--multiple", type=int, default=None, help="round kept channels down to a multiple (kernels)")
+    pr.add_argument("--out", required=True)
+    pr.add_argument("--overwrite", action="store_true")
+    pr.add_argument("--data-dir", default=None)
+    pr.set_defaults(func=_cmd_prune)
+
     b = sub.add_parser("table20-runs", help="the runs behind Table 20 (so far: the dense baselines)")
     b.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
     b.add_argument("--results-root", default=str(REPO_ROOT / "results"))
@@ -105,7 +135,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CorpusError, FileNotFoundError, NotImplementedError, ValueError) as e:
+    except (CorpusError, FileExistsError, FileNotFoundError, KeyError, NotImplementedError, ValueError) as e:
         print(f"state-reduction {args.command}: error: {e}", file=sys.stderr)
         return 2
 

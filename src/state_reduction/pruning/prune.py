@@ -1,0 +1,117 @@
+"""`state-reduction prune`: load, calibrate, select, cut, save with selection.json."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from state_reduction.pruning.selectors import MODES, SELECTORS, get_selector, keep_count, select
+
+# What each selector reads from calibration (rand and l1 use the weights only).
+NEEDS_CALIBRATION = {"wanda", "grad", "drrqr", "pca", "pca-adv"}
+NEEDS_GRADIENTS = {"grad"}
+
+
+@dataclass
+class PruneConfig:
+    model: str
+    method: str
+    ratio: float
+    out: str
+    select: str = "kq"
+    calib: str = "ptb"
+    n_calib: int = 32
+    seq_len: int = 256
+    seed: int = 0
+    batch_size: int = 8
+    multiple: int | None = None
+    overwrite: bool = False
+    data_dir: str | None = None
+
+    def validate(self) -> None:
+        get_selector(self.method)
+        if self.select not in MODES:
+            raise ValueError(f"--select must be one of {', '.join(MODES)}, got {self.select!r}")
+        if self.n_calib < 1 or self.seq_len < 2:
+            raise ValueError(f"--n-calib must be >= 1 and --seq-len >= 2, got {self.n_calib}, {self.seq_len}")
+        if Path(self.out).exists() and not self.overwrite:
+            raise FileExistsError(f"output directory {self.out} exists; pass --overwrite to replace it")
+
+
+def _peak_memory_bytes() -> int:
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def prune(cfg: PruneConfig) -> dict:
+    """Prune `cfg.model` and write the checkpoint and selection.json to `cfg.out`; returns the record."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import state_reduction  # noqa: F401  (Auto-class registration)
+    from state_reduction.backend import install_cpu_backend
+    from state_reduction.data import get_corpus_info, sample_sequences
+    from state_reduction.provenance import collect_provenance, write_json_atomic
+    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.pruning.calibration import calibrate
+    from state_reduction.pruning.surgery import reduce_model, save_reduced
+
+    cfg.validate()
+    t0 = time.time()
+    install_cpu_backend()
+    model = AutoModelForCausalLM.from_pretrained(cfg.model)
+    adapter = get_adapter(model)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    H, K = adapter.key_heads(model.config)
+    keep = keep_count(K, cfg.ratio, cfg.multiple)
+    state_before = adapter.state_bytes_per_sequence(model.config)
+
+    stats, calibration = {}, None
+    if cfg.method in NEEDS_CALIBRATION and keep < K:
+        windows = sample_sequences(tokenizer, cfg.calib, n=cfg.n_calib, seq_len=cfg.seq_len, seed=cfg.seed,
+                                   stream="calibration", data_dir=cfg.data_dir)
+        stats = calibrate(model, adapter, windows, batch_size=cfg.batch_size,
+                          gradients=cfg.method in NEEDS_GRADIENTS)
+        calibration = {"corpus": cfg.calib, "stream": "calibration", "n": cfg.n_calib, "seq_len": cfg.seq_len,
+                       "tokens": int(windows.numel()), "seed": cfg.seed,
+                       "sha256": get_corpus_info(cfg.calib).sha256}
+
+    generator = torch.Generator().manual_seed(cfg.seed)
+    selections = {}
+    for ref in adapter.mixers(model):
+        w_q, w_k = adapter.qk_weights(ref.module)
+        selections[ref.layer] = select(cfg.method, stats.get(ref.layer), w_q.detach(), w_k.detach(), keep,
+                                       cfg.select, generator, ref.layer)
+    reduce_model(model, selections)
+    state_after = adapter.state_bytes_per_sequence(model.config)
+    out = save_reduced(model, tokenizer, cfg.out, overwrite=cfg.overwrite)
+
+    record = {
+        "kind": "prune", "config": asdict(cfg), "model_type": model.config.model_type,
+        "key_heads": H, "key_dim_before": K, "key_dim_after": keep,
+        "state_bytes_per_sequence": {"before": state_before, "after": state_after, "dtype": "bfloat16"},
+        "selection": {str(layer): {"keep": sel.keep.tolist()} if sel.keep is not None
+                      else {"rotation_shape": list(sel.rotation.shape)} for layer, sel in selections.items()},
+        "calibration": calibration,
+        "wall_time_s": round(time.time() - t0, 2), "peak_memory_bytes": _peak_memory_bytes(),
+        "provenance": collect_provenance(),
+    }
+    rotations = {f"layer{layer}": sel.rotation.contiguous() for layer, sel in selections.items()
+                 if sel.rotation is not None}
+    if rotations:
+        from safetensors.torch import save_file
+
+        save_file(rotations, os.fspath(out / "selection_rotations.safetensors"))
+        record["selection_rotations"] = "selection_rotations.safetensors"
+    write_json_atomic(out / "selection.json", record)
+    return record
+
+
+def supported_methods() -> list[str]:
+    return sorted(SELECTORS)

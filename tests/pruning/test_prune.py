@@ -1,0 +1,115 @@
+"""`state-reduction prune` end to end on the committed tiny checkpoints: every method on every family,
+the coupled modes, reload with stock loaders at the reduced key dimension, and the bad inputs."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import state_reduction  # noqa: F401
+from state_reduction.cli import main
+from state_reduction.pruning.adapters import get_adapter
+from state_reduction.pruning.prune import PruneConfig, prune
+from state_reduction.pruning.selectors import SELECTORS
+
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "experiments" / "tiny_models" / "checkpoints"
+FAMILIES = ["deltanet", "gated_deltanet", "mamba2", "qwen3_5"]
+FAST = dict(n_calib=2, seq_len=64, batch_size=2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _check(out: Path, family: str, kept: int):
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    adapter = get_adapter(model)
+    assert adapter.key_heads(model.config)[1] == kept
+    record = json.loads((out / "selection.json").read_text())
+    assert record["key_dim_before"] == 64 and record["key_dim_after"] == kept
+    sb = record["state_bytes_per_sequence"]
+    assert sb["after"] * 64 == sb["before"] * kept
+    assert record["provenance"]["git_commit"]
+    ids = torch.randint(0, model.config.vocab_size, (1, 40))
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=ids).logits).all()
+    return record
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("method", sorted(SELECTORS))
+def test_every_method_on_every_family_at_50(tmp_path, family, method):
+    out = tmp_path / "m"
+    record = prune(PruneConfig(model=str(CHECKPOINTS / family), method=method, ratio=0.5, out=str(out), **FAST))
+    record = _check(out, family, 32)
+    layers = record["selection"]
+    assert layers, "no layer selected"
+    for sel in layers.values():
+        if method.startswith("pca"):
+            assert sel["rotation_shape"][1:] == [32, 64]
+        else:
+            assert all(len(head) == 32 and head == sorted(set(head)) for head in sel["keep"])
+    if method in {"wanda", "grad", "drrqr", "pca", "pca-adv"}:
+        assert record["calibration"]["tokens"] == 2 * 64 and record["calibration"]["sha256"]
+
+
+@pytest.mark.parametrize("mode", ["k", "q"])
+@pytest.mark.parametrize("method", ["l1", "wanda", "grad", "drrqr"])
+def test_coupled_modes_at_75(tmp_path, method, mode):
+    out = tmp_path / "m"
+    prune(PruneConfig(model=str(CHECKPOINTS / "gated_deltanet"), method=method, ratio=0.75, select=mode,
+                      out=str(out), **FAST))
+    _check(out, "gated_deltanet", 16)
+
+
+def test_ratio_zero_and_seeded_rand_are_reproducible(tmp_path):
+    a = prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), method="rand", ratio=0.5, seed=7, out=str(tmp_path / "a")))
+    b = prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), method="rand", ratio=0.5, seed=7, out=str(tmp_path / "b")))
+    c = prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), method="rand", ratio=0.5, seed=8, out=str(tmp_path / "c")))
+    assert a["selection"] == b["selection"] != c["selection"]
+    prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), method="drrqr", ratio=0.0, out=str(tmp_path / "z"), **FAST))
+    dense = AutoModelForCausalLM.from_pretrained(str(CHECKPOINTS / "deltanet"))
+    same = AutoModelForCausalLM.from_pretrained(str(tmp_path / "z"))
+    ids = torch.randint(0, dense.config.vocab_size, (2, 80))
+    with torch.no_grad():
+        assert torch.equal(dense(input_ids=ids).logits, same(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--method", "drrqr", "--ratio", "1.0"], "compression ratio must be in"),
+    (["--method", "drrqr", "--ratio", "-0.1"], "compression ratio must be in"),
+    (["--method", "drqr", "--ratio", "0.5"], "did you mean 'drrqr'"),
+    (["--method", "l1", "--ratio", "0.5", "--select", "kv"], "--select must be one of"),
+])
+def test_bad_input_is_a_clear_error(tmp_path, capsys, args, message):
+    rc = main(["prune", str(CHECKPOINTS / "deltanet"), "--out", str(tmp_path / "o"), *args])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_existing_output_is_refused_unless_overwrite(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    assert main(["prune", str(CHECKPOINTS / "deltanet"), "--method", "l1", "--ratio", "0.5", "--out", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["prune", str(CHECKPOINTS / "deltanet"), "--method", "l1", "--ratio", "0.5", "--out", str(out),
+                 "--overwrite"]) == 0
+    assert (out / "selection.json").is_file()
+
+
+def test_checkpoint_of_another_architecture_is_named(tmp_path, capsys):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path / "llama"
+    LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, vocab_size=50)).save_pretrained(path)
+    (tmp_path / "tok").mkdir()
+    assert main(["prune", str(path), "--method", "l1", "--ratio", "0.5", "--out", str(tmp_path / "o")]) == 2
+    assert "llama" in capsys.readouterr().err
