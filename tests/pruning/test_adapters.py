@@ -35,8 +35,8 @@ CONFIGS = {
                        "conv_size": 4, "vocab_size": VOCAB, "fuse_cross_entropy": False},
     "mamba2": {"hidden_size": 64, "num_hidden_layers": 2, "state_size": 16, "n_groups": 2, "expand": 2, "head_dim": 16,
                "num_heads": 8, "conv_kernel": 4, "chunk_size": 8, "vocab_size": VOCAB},
-    "qwen3_5": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 2,
+    "qwen3_5": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+                "layer_types": ["linear_attention", "full_attention", "linear_attention"], "num_attention_heads": 2,
                 "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
                 "linear_num_value_heads": 4, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
                 "vocab_size": VOCAB},
@@ -313,7 +313,7 @@ def test_state_bytes_halve_at_50_percent(family):
 def test_state_bytes_count_the_recurrent_state():
     model = tiny("qwen3_5")
     c = model.config
-    assert get_adapter(model).state_bytes_per_sequence(c) == 1 * 4 * 16 * 8 * 2  # 1 linear layer, Hv*K*V, bf16
+    assert get_adapter(model).state_bytes_per_sequence(c) == 2 * 4 * 16 * 8 * 2  # 2 linear layers, Hv*K*V, bf16
 
 
 # 5. committed checkpoints: save/reload ---------------------------------------------------------------------------
@@ -377,6 +377,22 @@ def test_bad_selections_are_rejected_naming_the_layer(family):
             reduce_model(model, select_all(model, lambda _, selection=selection: selection))
     with pytest.raises(ValueError, match="missing"):
         reduce_model(model, {})
+    with pytest.raises(ValueError, match="same number of channels"):
+        reduce_model(model, select_all(model, lambda layer: KeyChannelSelection(
+            keep=random_keep(heads, channels, 4 + layer))))
+
+
+@pytest.mark.parametrize("family", ["mamba2", "qwen3_5"])
+def test_recomputing_hooks_refuse_to_continue_a_cache(family):
+    model, ids = tiny(family), tokens(length=6)
+    adapter = get_adapter(model)
+    with torch.no_grad():
+        cache = model(ids[:, :5], use_cache=True).cache
+        handles = [h for ref in adapter.mixers(model) for h in adapter.add_hooks(ref.module, on_qk=lambda q, k: None)]
+        with pytest.raises(NotImplementedError, match="cannot continue a cache"):
+            model(ids[:, 5:], use_cache=True, cache=cache)
+    for h in handles:
+        h.remove()
 
 
 def test_gated_deltanet_expand_v_survives_int_truncation():
