@@ -402,10 +402,14 @@ def test_gated_deltanet_expand_v_survives_int_truncation():
             assert int(new_k * expand_v) == head_v and int(6 * new_k * expand_v) == 6 * head_v, (head_v, new_k)
 
 
-def test_gated_deltanet_config_rebuilds_the_value_dim():
-    model = tiny("gated_deltanet", expand_v=1.0, head_dim=16)
-    heads, channels = get_adapter(model).key_heads(model.config)
+def test_gated_deltanet_config_rebuilds_the_value_dim_with_grouped_value_heads():
+    model, ids = tiny("gated_deltanet", num_v_heads=8, expand_v=1.5), tokens()  # head_v_dim 24, kept 7: 24/7
+    adapter = get_adapter(model)
+    heads, channels = adapter.key_heads(model.config)
     reduce_model(model, select_all(model, lambda layer: KeyChannelSelection(keep=random_keep(heads, channels, 7))))
-    rebuilt = AutoModelForCausalLM.from_config(model.config)
-    for a, b in zip(get_adapter(model).mixers(model), get_adapter(rebuilt).mixers(rebuilt)):
-        assert (a.module.head_v_dim, a.module.head_k_dim) == (b.module.head_v_dim, b.module.head_k_dim) == (16, 7)
+    rebuilt = AutoModelForCausalLM.from_config(model.config, dtype=torch.float64).eval()
+    rebuilt.load_state_dict(model.state_dict())
+    for a, b in zip(adapter.mixers(model), adapter.mixers(rebuilt)):
+        assert (a.module.head_v_dim, a.module.head_k_dim) == (b.module.head_v_dim, b.module.head_k_dim) == (24, 7)
+    assert torch.equal(logits(rebuilt, ids), logits(model, ids))
+    assert adapter.state_bytes_per_sequence(model.config) == 2 * 8 * 7 * 24 * 2
