@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -51,9 +52,9 @@ class FlaKeyChannelAdapter(KeyChannelAdapter):
         wk = getattr(mixer, self.layout.k_proj).weight
         return wq.view(h, k, -1), wk.view(h, k, -1)
 
+    @abstractmethod
     def post_conv_activation(self, mixer: nn.Module):
         """What the layer applies to q/k between the conv output (or the projection without conv) and the kernel."""
-        return
 
     def add_hooks(self, mixer: nn.Module, on_qk: QKHook | None = None, on_input: InputHook | None = None) -> list:
         lay = self.layout
