@@ -67,6 +67,23 @@ def _cmd_prune(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    from state_reduction.bench import bench_calibration, format_calibration
+    from state_reduction.provenance import collect_provenance, write_json_atomic
+
+    if args.mode != "calibration":
+        raise NotImplementedError(f"bench mode {args.mode!r} is not built yet; available: calibration")
+    rows = bench_calibration(args.model, sizes=args.sizes, seq_len=args.seq_len, batch_size=args.batch_size,
+                             corpus=args.calib)
+    print(f"calibration + DRRQR (50%), {args.model}, {args.calib} calibration stream, seq_len {args.seq_len}, "
+          f"batch {args.batch_size}, CPU, 1 thread")
+    print(format_calibration(rows))
+    if args.out:
+        write_json_atomic(args.out, {"kind": "bench", "mode": "calibration", "model": args.model, "rows": rows,
+                                     "provenance": collect_provenance()})
+    return 0
+
+
 def _cmd_table20_runs(args) -> int:
     from state_reduction.baselines import evaluate_dense_baselines
 
@@ -120,6 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--overwrite", action="store_true")
     pr.add_argument("--data-dir", default=None)
     pr.set_defaults(func=_cmd_prune)
+
+    be = sub.add_parser("bench", help="benchmarks printing ratios measured in one run")
+    be.add_argument("mode", choices=["calibration"], help="calibration: time and peak memory vs calibration size")
+    be.add_argument("--model", default=str(TINY_CHECKPOINTS / "deltanet"))
+    be.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128, 512])
+    be.add_argument("--seq-len", type=int, default=256)
+    be.add_argument("--batch-size", type=int, default=8)
+    be.add_argument("--calib", default="books", help="calibration corpus (books has the most calibration tokens)")
+    be.add_argument("--out", default=None, help="also write the rows as result JSON")
+    be.set_defaults(func=_cmd_bench)
 
     b = sub.add_parser("table20-runs", help="the runs behind Table 20 (so far: the dense baselines)")
     b.add_argument("--profile", choices=["tiny", "paper"], default="tiny")

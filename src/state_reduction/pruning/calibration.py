@@ -98,10 +98,12 @@ def calibrate(model, adapter: KeyChannelAdapter, windows: torch.Tensor, batch_si
         n_batches = math.ceil(windows.shape[0] / batch_size)
         for i in tqdm(range(n_batches), desc="calibration", leave=False):
             x = windows[i * batch_size:(i + 1) * batch_size].to(device)
-            with torch.set_grad_enabled(gradients):
-                out = model(input_ids=x, labels=x if gradients else None)
-                if gradients:
-                    (out.loss * x.shape[0] / windows.shape[0]).backward()
+            if gradients:
+                loss = model(input_ids=x, labels=x).loss
+                (loss * x.shape[0] / windows.shape[0]).backward()
+            else:
+                with torch.no_grad():  # the hooks need the mixers only: skip the [B, T, vocab] logits
+                    model.base_model(input_ids=x, use_cache=False)
         if gradients:
             for m in mixers:
                 sal_q, sal_k = _saliency_views(adapter, m.module)
