@@ -106,3 +106,22 @@ def test_checkpoint_of_another_architecture_is_named(tmp_path, capsys):
     (tmp_path / "tok").mkdir()
     assert main(["prune", str(path), "--method", "l1", "--ratio", "0.5", "--out", str(tmp_path / "o")]) == 2
     assert "llama" in capsys.readouterr().err
+
+
+def test_fewer_calibration_tokens_than_channels_warns(tmp_path):
+    with pytest.warns(UserWarning, match="(?i)rank|fewer|tokens"):
+        prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), method="drrqr", ratio=0.5, n_calib=1, seq_len=16,
+                          out=str(tmp_path / "o")))
+    assert (tmp_path / "o" / "selection.json").is_file()
+
+
+def test_interrupted_save_leaves_nothing(tmp_path, monkeypatch):
+    import state_reduction.provenance
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(state_reduction.provenance, "write_json_atomic", boom)  # dies while writing selection.json
+    with pytest.raises(KeyboardInterrupt):
+        prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), method="l1", ratio=0.5, out=str(tmp_path / "o")))
+    assert list(tmp_path.iterdir()) == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from state_reduction.pruning.selectors import MODES, SELECTORS, get_selector, keep_count, select
+from state_reduction.pruning.selectors import MODES, get_selector, keep_count, select
 
 # What each selector reads from calibration (rand and l1 use the weights only).
 NEEDS_CALIBRATION = {"wanda", "grad", "drrqr", "pca", "pca-adv"}
@@ -90,28 +90,26 @@ def prune(cfg: PruneConfig) -> dict:
                                        cfg.select, generator, ref.layer)
     reduce_model(model, selections)
     state_after = adapter.state_bytes_per_sequence(model.config)
-    out = save_reduced(model, tokenizer, cfg.out, overwrite=cfg.overwrite)
-
+    rotations = {f"layer{layer}": sel.rotation.contiguous() for layer, sel in selections.items()
+                 if sel.rotation is not None}
     record = {
         "kind": "prune", "config": asdict(cfg), "model_type": model.config.model_type,
         "key_heads": H, "key_dim_before": K, "key_dim_after": keep,
         "state_bytes_per_sequence": {"before": state_before, "after": state_after, "dtype": "bfloat16"},
         "selection": {str(layer): {"keep": sel.keep.tolist()} if sel.keep is not None
                       else {"rotation_shape": list(sel.rotation.shape)} for layer, sel in selections.items()},
+        "selection_rotations": "selection_rotations.safetensors" if rotations else None,
         "calibration": calibration,
-        "wall_time_s": round(time.time() - t0, 2), "peak_memory_bytes": _peak_memory_bytes(),
         "provenance": collect_provenance(),
     }
-    rotations = {f"layer{layer}": sel.rotation.contiguous() for layer, sel in selections.items()
-                 if sel.rotation is not None}
-    if rotations:
-        from safetensors.torch import save_file
 
-        save_file(rotations, os.fspath(out / "selection_rotations.safetensors"))
-        record["selection_rotations"] = "selection_rotations.safetensors"
-    write_json_atomic(out / "selection.json", record)
+    def write_selection(folder: Path) -> None:
+        if rotations:
+            from safetensors.torch import save_file
+
+            save_file(rotations, os.fspath(folder / "selection_rotations.safetensors"))
+        record.update(wall_time_s=round(time.time() - t0, 2), peak_memory_bytes=_peak_memory_bytes())
+        write_json_atomic(folder / "selection.json", record)
+
+    save_reduced(model, tokenizer, cfg.out, overwrite=cfg.overwrite, write_extra=write_selection)
     return record
-
-
-def supported_methods() -> list[str]:
-    return sorted(SELECTORS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from torch import nn
@@ -35,8 +36,10 @@ def reduce_model(model: nn.Module, selections: dict[int, KeyChannelSelection]) -
     return model
 
 
-def save_reduced(model: nn.Module, tokenizer, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+def save_reduced(model: nn.Module, tokenizer, out_dir: str | os.PathLike, overwrite: bool = False,
+                 write_extra: Callable[[Path], None] | None = None) -> Path:
     """save_pretrained into a temporary sibling directory, then rename it to `out_dir` (no half-written model).
+    `write_extra(tmp_dir)` adds files (e.g. selection.json) before the rename, so they land with the weights.
 
     Reload with `AutoModelForCausalLM.from_pretrained(out_dir)` after `import state_reduction`."""
     out = Path(out_dir)
@@ -48,6 +51,8 @@ def save_reduced(model: nn.Module, tokenizer, out_dir: str | os.PathLike, overwr
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        if write_extra is not None:
+            write_extra(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
