@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from state_reduction.baselines import evaluate_dense_baselines
+from state_reduction.table20 import run_table20
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,5 +50,21 @@ def test_missing_results_folder_is_a_clear_error(tmp_path, monkeypatch):
 
 def test_paper_profile_is_refused_before_any_compute(tmp_path):
     with pytest.raises(NotImplementedError, match="paper"):
-        evaluate_dense_baselines("paper", tmp_path)
+        run_table20("paper", tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_cells_are_skipped_when_done_and_recomputed_when_settings_change(tmp_path):
+    from state_reduction.table20 import Table20Settings
+
+    small = Table20Settings(n_calib=2, calib_seq_len=64, eval_seq_len=128, eval_batch_size=32)
+    first = run_table20("tiny", tmp_path, small, methods=("l1",), families=("deltanet",))
+    assert [p.name for p in first] == ["deltanet-baseline-r0.json", "deltanet-l1-r50.json"]
+    stamps = [p.stat().st_mtime_ns for p in first]
+    pruned = json.loads(first[1].read_text())
+    assert pruned["prune"]["key_dim_after"] == 32 and pruned["metrics"]["wiki_ppl"] > 1
+    assert run_table20("tiny", tmp_path, small, methods=("l1",), families=("deltanet",)) == first
+    assert [p.stat().st_mtime_ns for p in first] == stamps
+    run_table20("tiny", tmp_path, Table20Settings(n_calib=2, calib_seq_len=64, eval_seq_len=128, eval_batch_size=32,
+                                                 seed=1), methods=("l1",), families=("deltanet",))
+    assert [p.stat().st_mtime_ns for p in first] != stamps

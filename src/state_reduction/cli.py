@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from state_reduction.baselines import TINY_CHECKPOINTS
+from state_reduction.table20 import TINY_CHECKPOINTS
 from state_reduction.provenance import REPO_ROOT
 
 TINY_MODELS_DIR = TINY_CHECKPOINTS.parent
@@ -85,10 +85,11 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_table20_runs(args) -> int:
-    from state_reduction.baselines import evaluate_dense_baselines
+    from state_reduction.table20 import Table20Settings, run_table20
 
     out_dir = Path(args.results_root) / args.profile / "table20"
-    for path in evaluate_dense_baselines(args.profile, out_dir, data_dir=args.data_dir):
+    settings = Table20Settings(calib=args.calib, n_calib=args.n_calib, seed=args.seed)
+    for path in run_table20(args.profile, out_dir, settings, data_dir=args.data_dir):
         print(path)
     return 0
 
@@ -148,8 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--out", default=None, help="also write the rows as result JSON")
     be.set_defaults(func=_cmd_bench)
 
-    b = sub.add_parser("table20-runs", help="the runs behind Table 20 (so far: the dense baselines)")
+    b = sub.add_parser("table20-runs", help="the runs behind Table 20: dense and 50%%-pruned models (pre-RFT)")
     b.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
+    b.add_argument("--calib", default="ptb", help="calibration corpus")
+    b.add_argument("--n-calib", type=int, default=32)
+    b.add_argument("--seed", type=int, default=0)
     b.add_argument("--results-root", default=str(REPO_ROOT / "results"))
     b.add_argument("--data-dir", default=None)
     b.set_defaults(func=_cmd_table20_runs)
