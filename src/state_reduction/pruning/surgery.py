@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from torch import nn
 
+from state_reduction.checkpoints import save_model_atomic
 from state_reduction.pruning.adapters import get_adapter
 from state_reduction.pruning.types import KeyChannelSelection
 
@@ -38,25 +37,7 @@ def reduce_model(model: nn.Module, selections: dict[int, KeyChannelSelection]) -
 
 def save_reduced(model: nn.Module, tokenizer, out_dir: str | os.PathLike, overwrite: bool = False,
                  write_extra: Callable[[Path], None] | None = None) -> Path:
-    """save_pretrained into a temporary sibling directory, then rename it to `out_dir` (no half-written model).
-    `write_extra(tmp_dir)` adds files (e.g. selection.json) before the rename, so they land with the weights.
+    """Save the reduced model atomically (`save_model_atomic`); `write_extra(tmp_dir)` adds selection.json.
 
     Reload with `AutoModelForCausalLM.from_pretrained(out_dir)` after `import state_reduction`."""
-    out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"save_reduced: {out} already exists; pass overwrite=True to replace it.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        model.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        if write_extra is not None:
-            write_extra(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return save_model_atomic(model, tokenizer, out_dir, overwrite=overwrite, write_extra=write_extra)

@@ -21,6 +21,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from state_reduction.checkpoints import save_model_atomic
 from state_reduction.models import build_model, get_family
 from state_reduction.provenance import collect_provenance, write_json_atomic
 
@@ -280,16 +281,6 @@ def evaluate_against_unigram(model, tokenizer, cfg: PretrainConfig, data_dir=Non
 
 
 def save_checkpoint(model, tokenizer, record: dict, out_dir: str | Path) -> None:
-    """safetensors + config + tokenizer + training_record.json, written to a temp dir then swapped in."""
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    if tmp.exists():
-        import shutil
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    write_json_atomic(tmp / "training_record.json", record)
-    if out_dir.exists():
-        import shutil
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    """safetensors + config + tokenizer + training_record.json, replacing `out_dir` atomically."""
+    save_model_atomic(model, tokenizer, out_dir, overwrite=True,
+                      write_extra=lambda folder: write_json_atomic(folder / "training_record.json", record))
