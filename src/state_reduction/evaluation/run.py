@@ -1,0 +1,137 @@
+"""Run a suite through lm-eval (HFLM over an in-memory model) and flatten the paper's metric choices.
+
+Each suite is one table: task -> [(lm-eval metric, our key, counted in zero_shot_avg)].
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import tempfile
+import time
+
+from state_reduction.evaluation.tiny_suite import build_tiny_suite, render_task_yamls
+
+
+class EvaluationError(RuntimeError):
+    """A suite could not be run; the message names the suite and what is missing."""
+
+
+# Reference section 3: acc_norm for ARC-e/ARC-c/HellaSwag/PIQA, acc for WinoGrande and LAMBADA,
+# their average; WikiText word perplexity; LAMBADA perplexity.
+PAPER_METRICS: dict[str, list[tuple[str, str, bool]]] = {
+    "arc_easy": [("acc_norm", "arc_easy_acc_norm", True)],
+    "arc_challenge": [("acc_norm", "arc_challenge_acc_norm", True)],
+    "hellaswag": [("acc_norm", "hellaswag_acc_norm", True)],
+    "piqa": [("acc_norm", "piqa_acc_norm", True)],
+    "winogrande": [("acc", "winogrande_acc", True)],
+    "lambada_openai": [("acc", "lambada_acc", True), ("perplexity", "lambada_ppl", False)],
+    "wikitext": [("word_perplexity", "wiki_word_perplexity", False)],
+}
+
+# The same choices on the offline stand-ins: acc_norm for the HellaSwag-like task, acc for the
+# LAMBADA-like and the 2-way (WinoGrande-like) tasks.
+TINY_METRICS: dict[str, list[tuple[str, str, bool]]] = {
+    "tiny_wiki_ppl": [("word_perplexity", "wiki_word_perplexity", False),
+                      ("byte_perplexity", "wiki_byte_perplexity", False),
+                      ("bits_per_byte", "wiki_bits_per_byte", False)],
+    "tiny_ptb_ppl": [("word_perplexity", "ptb_word_perplexity", False),
+                     ("byte_perplexity", "ptb_byte_perplexity", False),
+                     ("bits_per_byte", "ptb_bits_per_byte", False)],
+    "tiny_lambada": [("acc", "lambada_acc", True), ("perplexity", "lambada_ppl", False)],
+    "tiny_continuation": [("acc_norm", "continuation_acc_norm", True), ("acc", "continuation_acc", False)],
+    "tiny_next_sentence": [("acc", "next_sentence_acc", True), ("acc_norm", "next_sentence_acc_norm", False)],
+}
+
+SUITES = {"tiny": TINY_METRICS, "paper": PAPER_METRICS}
+
+
+def _suite_table(suite: str) -> dict:
+    if suite not in SUITES:
+        close = difflib.get_close_matches(suite, SUITES, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise EvaluationError(f"unknown suite {suite!r}.{hint} Known suites: {', '.join(SUITES)}.")
+    return SUITES[suite]
+
+
+def _require_hub() -> None:
+    """The paper suite's datasets come from the Hugging Face hub: fail before loading any model input."""
+    from huggingface_hub import HfApi
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        raise EvaluationError(
+            "suite 'paper' needs the Hugging Face hub (datasets allenai/ai2_arc, Rowan/hellaswag, ...), "
+            "but HF_HUB_OFFLINE is set; run it where the hub is reachable, or use suite='tiny'")
+    try:
+        HfApi().dataset_info("allenai/ai2_arc", timeout=10)
+    except Exception as exc:  # any failure (DNS, proxy, HTTP) means the same: no hub here
+        raise EvaluationError(
+            f"suite 'paper' needs the Hugging Face hub, which is not reachable from here "
+            f"({type(exc).__name__}: {exc}); run it where the hub is reachable, or use suite='tiny'") from None
+
+
+def _flatten(results: dict, table: dict) -> dict:
+    metrics, averaged = {}, []
+    for task, entries in table.items():
+        task_results = results["results"][task]
+        for metric, key, in_avg in entries:
+            value = float(task_results[f"{metric},none"])
+            metrics[key] = value
+            if in_avg:
+                averaged.append(value)
+    metrics["zero_shot_avg"] = sum(averaged) / len(averaged)
+    return metrics
+
+
+def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_length: int = 256,
+             limit: int | float | None = None, data_dir=None) -> dict:
+    """Evaluate `model` (a transformers causal LM, already on its device) 0-shot with lm-eval.
+
+    Returns {"suite", "tasks", "metrics" (flat: wiki_word_perplexity, lambada_acc, ...,
+    zero_shot_avg), "n_examples" (per task, after `limit`), "data" (per-task data file and sha256;
+    None for hub datasets), "lm_eval_version", "wall_time_s"}. `limit` caps the examples per task
+    (an int, or a fraction as lm-eval takes it) and is for tests and smoke runs only.
+    """
+    table = _suite_table(suite)
+    if suite == "paper":
+        _require_hub()
+    else:
+        # The tiny suite reads only local JSON files: keep datasets and the hub client off the network.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    t0 = time.time()
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_length=max_length)
+    tasks = list(table)
+    with tempfile.TemporaryDirectory(prefix="tiny_suite_tasks_") as task_dir:
+        if suite == "tiny":
+            manifest = build_tiny_suite(data_dir)
+            task_manager = TaskManager(include_path=str(render_task_yamls(manifest, task_dir)), include_defaults=False)
+            data = {t: {"data_file": manifest["tasks"][t]["data_file"], "sha256": manifest["tasks"][t]["sha256"]}
+                    for t in tasks}
+        else:
+            task_manager = TaskManager()
+            data = {t: None for t in tasks}
+        results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=0, limit=limit, task_manager=task_manager,
+                                          log_samples=False, bootstrap_iters=0, batch_size=batch_size)
+    metrics = _flatten(results, table)
+    bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
+    if bad:
+        raise EvaluationError(f"suite {suite!r}: non-finite metrics {bad}")
+    return {
+        "suite": suite,
+        "tasks": tasks,
+        "metrics": metrics,
+        "n_examples": {t: int(results["n-samples"][t]["effective"]) for t in tasks},
+        "data": data,
+        "batch_size": batch_size,
+        "max_length": max_length,
+        "limit": limit,
+        "lm_eval_version": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,
+        "wall_time_s": time.time() - t0,
+    }

@@ -1,0 +1,64 @@
+"""The tiny suite's data: deterministic, built from held-out splits only, rendered to valid lm-eval YAML."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from state_reduction.data import load_corpus, resolve_data_dir
+from state_reduction.evaluation import TASKS, TINY_METRICS, build_tiny_suite, render_task_yamls
+
+
+@pytest.fixture(scope="module")
+def manifest():
+    return build_tiny_suite(resolve_data_dir())
+
+
+def test_build_is_deterministic(tmp_path, manifest):
+    # A fresh build in another data dir (corpora copied, suite rebuilt) gives the same bytes.
+    src = resolve_data_dir()
+    (tmp_path / "corpora").symlink_to(src / "corpora")
+    again = build_tiny_suite(tmp_path)
+    assert {t: v["sha256"] for t, v in again["tasks"].items()} == {t: v["sha256"] for t, v in manifest["tasks"].items()}
+    assert Path(again["tasks"]["tiny_lambada"]["data_file"]).parent == tmp_path / "eval" / "tiny"
+    assert set(manifest["tasks"]) == set(TASKS) == set(TINY_METRICS)
+
+
+def _rows(manifest, task):
+    return [json.loads(line) for line in Path(manifest["tasks"][task]["data_file"]).read_text().splitlines()]
+
+
+def test_sizes_and_formats(manifest):
+    n = {t: v["n_examples"] for t, v in manifest["tasks"].items()}
+    assert n["tiny_wiki_ppl"] == len(load_corpus("wiki", "test"))
+    assert n["tiny_ptb_ppl"] == len(load_corpus("ptb", "test"))
+    assert 200 <= n["tiny_lambada"] <= 300 and n["tiny_continuation"] == n["tiny_next_sentence"] == 300
+    for row in _rows(manifest, "tiny_lambada"):
+        assert row["target"].startswith(" ") and row["target"][1:].isalpha() and len(row["target"]) >= 4
+        assert not row["context"].endswith(" ")
+    for task, field, k in (("tiny_continuation", "endings", 4), ("tiny_next_sentence", "options", 2)):
+        rows = _rows(manifest, task)
+        assert all(len(r[field]) == k and 0 <= r["label"] < k and len(set(r[field])) == k for r in rows)
+        # Labels are shuffled, not always the first option.
+        assert len({r["label"] for r in rows}) == k
+
+
+def test_examples_come_from_held_out_text(manifest):
+    train = {c: "\n".join(load_corpus(c, "train")["text"]) for c in ("wiki", "books", "ptb")}
+    test = {c: "\n".join(load_corpus(c, "test")["text"]) for c in ("wiki", "books", "ptb")}
+    for task in ("tiny_lambada", "tiny_continuation", "tiny_next_sentence"):
+        for row in _rows(manifest, task)[::10]:
+            assert row["context"] not in train[row["corpus"]], (task, row["id"])
+            assert row["context"].split(" ")[-1] in test[row["corpus"]]
+    for task, corpus in (("tiny_wiki_ppl", "wiki"), ("tiny_ptb_ppl", "ptb")):
+        assert [r["text"] for r in _rows(manifest, task)] == list(load_corpus(corpus, "test")["text"])
+
+
+def test_rendered_yamls_point_at_the_data(tmp_path, manifest):
+    out = render_task_yamls(manifest, tmp_path)
+    for name, task in manifest["tasks"].items():
+        config = yaml.safe_load((out / f"{name}.yaml").read_text())
+        assert config["dataset_path"] == "json"
+        assert config["dataset_kwargs"]["data_files"]["test"] == task["data_file"]
+        assert Path(task["data_file"]).is_absolute()
