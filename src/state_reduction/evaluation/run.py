@@ -91,8 +91,10 @@ def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_le
 
     Returns {"suite", "tasks", "metrics" (flat: wiki_word_perplexity, lambada_acc, ...,
     zero_shot_avg), "n_examples" (per task, after `limit`), "data" (per-task data file and sha256;
-    None for hub datasets), "lm_eval_version", "wall_time_s"}. `limit` caps the examples per task
-    (an int, or a fraction as lm-eval takes it) and is for tests and smoke runs only.
+    None for hub datasets), "model" and "tokenizer" (class, name_or_path), the run settings,
+    "lm_eval_version", "wall_time_s"}. Weight hashes and provenance are the caller's (it knows the
+    path). `limit` caps the examples per task (an int, or a fraction as lm-eval takes it) and is for
+    tests and smoke runs only.
     """
     table = _suite_table(suite)
     if suite == "paper":
@@ -129,9 +131,13 @@ def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_le
         "metrics": metrics,
         "n_examples": {t: int(results["n-samples"][t]["effective"]) for t in tasks},
         "data": data,
+        "model": {"class": type(model).__name__, "name_or_path": getattr(model, "name_or_path", None),
+                  "n_parameters": sum(p.numel() for p in model.parameters())},
+        "tokenizer": {"class": type(tokenizer).__name__, "name_or_path": getattr(tokenizer, "name_or_path", None),
+                      "vocab_size": len(tokenizer)},
         "batch_size": batch_size,
         "max_length": max_length,
         "limit": limit,
-        "lm_eval_version": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,
+        "lm_eval_version": lm_eval.__version__,
         "wall_time_s": time.time() - t0,
     }
