@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -11,7 +12,12 @@ import torch
 import state_reduction  # noqa: F401  (registers the model families)
 from state_reduction.backend import install_cpu_backend
 from state_reduction.data import load_corpus
-from state_reduction.evaluation import TINY_METRICS, EvaluationError, build_tiny_suite, evaluate
+from state_reduction.evaluation import (
+    TINY_METRICS,
+    EvaluationError,
+    build_tiny_suite,
+    evaluate,
+)
 from state_reduction.evaluation import run as run_module
 from state_reduction.provenance import REPO_ROOT
 
@@ -94,7 +100,9 @@ def test_word_perplexity_equals_direct_computation(tmp_path, monkeypatch, model_
     monkeypatch.setattr(run_module, "build_tiny_suite", lambda data_dir=None: manifest)
     for text in docs.values():
         assert len(tok.encode(text)) < 256
+    env = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
     result = evaluate(model, tok, max_length=256)
+    assert {k: os.environ.get(k) for k in env} == env  # the offline switch is scoped to the call
     assert result["n_examples"]["tiny_next_sentence"] == 2
     assert result["metrics"]["ptb_word_perplexity"] == pytest.approx(_word_perplexity(model, tok, docs["tiny_ptb_ppl"]), rel=1e-4)
     assert result["metrics"]["wiki_word_perplexity"] == pytest.approx(_word_perplexity(model, tok, docs["tiny_wiki_ppl"]), rel=1e-4)

@@ -7,7 +7,12 @@ import pytest
 import yaml
 
 from state_reduction.data import load_corpus, resolve_data_dir
-from state_reduction.evaluation import TASKS, TINY_METRICS, build_tiny_suite, render_task_yamls
+from state_reduction.evaluation import (
+    TASKS,
+    TINY_METRICS,
+    build_tiny_suite,
+    render_task_yamls,
+)
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,18 @@
 `evaluate(model, tokenizer, suite, batch_size, max_length, limit)` -> dict of flat metrics.
 """
 
-from state_reduction.evaluation.run import PAPER_METRICS, SUITES, TINY_METRICS, EvaluationError, evaluate
-from state_reduction.evaluation.tiny_suite import TASKS, build_tiny_suite, render_task_yamls
+from state_reduction.evaluation.run import (
+    PAPER_METRICS,
+    SUITES,
+    TINY_METRICS,
+    EvaluationError,
+    evaluate,
+)
+from state_reduction.evaluation.tiny_suite import (
+    TASKS,
+    build_tiny_suite,
+    render_task_yamls,
+)
 
 __all__ = [
     "PAPER_METRICS",

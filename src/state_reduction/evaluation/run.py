@@ -6,7 +6,6 @@ Each suite is one table: task -> [(lm-eval metric, our key, counted in zero_shot
 from __future__ import annotations
 
 import difflib
-import math
 import os
 import tempfile
 import time
@@ -45,6 +44,7 @@ TINY_METRICS: dict[str, list[tuple[str, str, bool]]] = {
 }
 
 SUITES = {"tiny": TINY_METRICS, "paper": PAPER_METRICS}
+_OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 def _suite_table(suite: str) -> dict:
@@ -57,8 +57,7 @@ def _suite_table(suite: str) -> dict:
 
 def _require_hub() -> None:
     """The paper suite's datasets come from the Hugging Face hub: fail before loading any model input."""
-    from huggingface_hub import HfApi
-    from huggingface_hub import constants
+    from huggingface_hub import HfApi, constants
 
     if constants.HF_HUB_OFFLINE:
         raise EvaluationError(
@@ -66,7 +65,7 @@ def _require_hub() -> None:
             "but HF_HUB_OFFLINE is set; run it where the hub is reachable, or use suite='tiny'")
     try:
         HfApi().dataset_info("allenai/ai2_arc", timeout=10)
-    except Exception as exc:  # any failure (DNS, proxy, HTTP) means the same: no hub here
+    except Exception as exc:  # noqa: BLE001  (DNS, proxy, HTTP: any failure means no hub here)
         raise EvaluationError(
             f"suite 'paper' needs the Hugging Face hub, which is not reachable from here "
             f"({type(exc).__name__}: {exc}); run it where the hub is reachable, or use suite='tiny'") from None
@@ -86,7 +85,7 @@ def _flatten(results: dict, table: dict) -> dict:
 
 
 def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_length: int = 256,
-             limit: int | float | None = None, data_dir=None) -> dict:
+             limit: float | None = None, data_dir=None) -> dict:
     """Evaluate `model` (a transformers causal LM, already on its device) 0-shot with lm-eval.
 
     Returns {"suite", "tasks", "metrics" (flat: wiki_word_perplexity, lambada_acc, ...,
@@ -99,10 +98,21 @@ def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_le
     table = _suite_table(suite)
     if suite == "paper":
         _require_hub()
-    else:
-        # The tiny suite reads only local JSON files: keep datasets and the hub client off the network.
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        return _run(model, tokenizer, suite, table, batch_size, max_length, limit, data_dir)
+    # The tiny suite reads only local JSON files: keep datasets and the hub client off the network.
+    saved = {k: os.environ.get(k) for k in _OFFLINE_ENV}
+    os.environ.update({k: "1" for k in _OFFLINE_ENV})
+    try:
+        return _run(model, tokenizer, suite, table, batch_size, max_length, limit, data_dir)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run(model, tokenizer, suite, table, batch_size, max_length, limit, data_dir) -> dict:
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -121,14 +131,10 @@ def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_le
             data = {t: None for t in tasks}
         results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=0, limit=limit, task_manager=task_manager,
                                           log_samples=False, bootstrap_iters=0, batch_size=batch_size)
-    metrics = _flatten(results, table)
-    bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
-    if bad:
-        raise EvaluationError(f"suite {suite!r}: non-finite metrics {bad}")
     return {
         "suite": suite,
         "tasks": tasks,
-        "metrics": metrics,
+        "metrics": _flatten(results, table),
         "n_examples": {t: int(results["n-samples"][t]["effective"]) for t in tasks},
         "data": data,
         "model": {"class": type(model).__name__, "name_or_path": getattr(model, "name_or_path", None),

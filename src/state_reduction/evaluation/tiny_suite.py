@@ -43,12 +43,13 @@ NEXT_SENTENCE_MIN_GAP = 5
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
 _LAST_WORD = re.compile(r"^(?P<context>.*\S)\s+(?P<word>[A-Za-z]+)[.!?\"')]*$", re.DOTALL)
-_STOP_WORDS = frozenset(
+_STOP_WORDS_TEXT = (
     "the and for are but not you all any can had her was one our out his has him how its may new now "
     "see two who did she use way man men own say too let put yet thee thou thy thine hath doth shall "
     "will with that this from they them then than there their what when where which while whom whose "
-    "have been were into upon unto such some more most very much also only over your here".split()
+    "have been were into upon unto such some more most very much also only over your here"
 )
+_STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
 
 @dataclass(frozen=True)
