@@ -67,6 +67,27 @@ def _cmd_prune(args) -> int:
     return 0
 
 
+def _cmd_evaluate(args) -> int:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from state_reduction.backend import install_cpu_backend
+    from state_reduction.evaluation import evaluate
+    from state_reduction.provenance import collect_provenance, write_json_atomic
+    from state_reduction.table20 import weights_sha256
+
+    install_cpu_backend()
+    model = AutoModelForCausalLM.from_pretrained(args.model).to(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    result = evaluate(model, tokenizer, suite=args.suite, batch_size=args.batch_size, max_length=args.max_length,
+                      limit=args.limit, data_dir=args.data_dir)
+    path = Path(args.model)
+    result.update(kind="evaluate", model_path=args.model,
+                  weights_sha256=weights_sha256(path) if path.is_dir() else None, provenance=collect_provenance())
+    write_json_atomic(args.out, result)
+    print(json.dumps(result["metrics"], indent=2))
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from state_reduction.bench import bench_calibration, format_calibration
     from state_reduction.provenance import collect_provenance, write_json_atomic
@@ -92,6 +113,14 @@ def _cmd_table20_runs(args) -> int:
     for path in run_table20(args.profile, out_dir, settings, data_dir=args.data_dir):
         print(path)
     return 0
+
+
+def _limit(text: str) -> int | float:
+    """lm-eval's --limit: a count of examples per task, or a fraction when below 1."""
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--limit must be positive, got {text}")
+    return value if value < 1 else int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,6 +168,17 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--data-dir", default=None)
     pr.set_defaults(func=_cmd_prune)
 
+    ev = sub.add_parser("evaluate", help="evaluate a model through lm-eval (suite tiny: offline; paper: hub tasks)")
+    ev.add_argument("model")
+    ev.add_argument("--suite", default="tiny", help="tiny or paper")
+    ev.add_argument("--out", required=True, help="result JSON")
+    ev.add_argument("--batch-size", type=int, default=16)
+    ev.add_argument("--max-length", type=int, default=256)
+    ev.add_argument("--limit", type=_limit, default=None, help="examples per task (int) or fraction (<1)")
+    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--data-dir", default=None)
+    ev.set_defaults(func=_cmd_evaluate)
+
     be = sub.add_parser("bench", help="benchmarks printing ratios measured in one run")
     be.add_argument("mode", choices=["calibration"], help="calibration: time and peak memory vs calibration size")
     be.add_argument("--model", default=str(TINY_CHECKPOINTS / "deltanet"))
@@ -162,11 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     from state_reduction.data import CorpusError
+    from state_reduction.evaluation import EvaluationError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CorpusError, FileExistsError, FileNotFoundError, KeyError, NotImplementedError, ValueError) as e:
+    except (CorpusError, EvaluationError, FileExistsError, FileNotFoundError, KeyError, NotImplementedError, ValueError) as e:
         print(f"state-reduction {args.command}: error: {e}", file=sys.stderr)
         return 2
 
