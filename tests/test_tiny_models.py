@@ -13,6 +13,7 @@ import state_reduction  # noqa: F401  (registers the families)
 from state_reduction.backend import install_cpu_backend
 from state_reduction.data import get_corpus_info
 from state_reduction.data.sampler import stream_tokens
+from state_reduction.pruning.adapters import get_adapter
 from state_reduction.tokenizer import tokenizer_hash
 from state_reduction.training.pretrain import EVAL_CORPORA, pretrain_unigram_counts, unigram_nll, window_nll
 
@@ -20,17 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "experiments" / "tiny_models"
 CHECKPOINTS = TINY / "checkpoints"
 FAMILIES = {"deltanet": "delta_net", "gated_deltanet": "gated_deltanet", "mamba2": "mamba2", "qwen3_5": "qwen3_5_text"}
-
-
-def _key_head_dims(config) -> list[int]:
-    mt = config.model_type
-    if mt == "delta_net":
-        return [int(config.hidden_size * config.expand_k) // config.num_heads]
-    if mt == "gated_deltanet":
-        return [config.head_dim]
-    if mt == "mamba2":
-        return [config.state_size]
-    return [config.linear_key_head_dim]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +54,7 @@ def test_checkpoint_loads_and_beats_unigram_by_3x(name, tokenizer, unigram_count
     assert model.config.model_type == FAMILIES[name]
     if name == "mamba2":
         assert type(model).__module__.startswith("transformers."), "mamba2 must load as transformers' class"
-    assert set(_key_head_dims(model.config)) == {64}
+    assert get_adapter(model).key_heads(model.config)[1] == 64
     record = json.loads((path / "training_record.json").read_text())
     assert record["tokenizer_sha256"] == tokenizer_hash(TINY / "tokenizer") == tokenizer_hash(path)
     for corpus, meta in record["data"].items():

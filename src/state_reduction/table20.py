@@ -76,15 +76,19 @@ def run_table20(profile: str, out_dir: Path, settings: Table20Settings = Table20
 
     install_cpu_backend()
     out_dir = Path(out_dir)
+    dense_sha256 = {}
+    for family in families:
+        ckpt = TINY_CHECKPOINTS / family
+        if not (ckpt / "config.json").is_file():
+            raise FileNotFoundError(f"tiny checkpoint {ckpt} is missing; run `make tiny-models`")
+        dense_sha256[family] = weights_sha256(ckpt)
     cells = [(f, m) for f in families for m in ("baseline", *methods)]
     written = []
     for family, method in tqdm(cells, desc="table20 cells"):
         ckpt = TINY_CHECKPOINTS / family
-        if not (ckpt / "config.json").is_file():
-            raise FileNotFoundError(f"tiny checkpoint {ckpt} is missing; run `make tiny-models`")
         ratio = 0.0 if method == "baseline" else settings.ratio
         cell = {"family": family, "method": method, "ratio": ratio, "rft": False,
-                "settings": settings.__dict__, "dense_weights_sha256": weights_sha256(ckpt)}
+                "settings": settings.__dict__, "dense_weights_sha256": dense_sha256[family]}
         key = _cell_key(cell)
         out = out_dir / f"{family}-{method}-r{round(ratio * 100)}.json"
         if out.exists() and json.loads(out.read_text()).get("cell_key") == key:
