@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -11,6 +12,10 @@ from state_reduction.table20 import TINY_CHECKPOINTS
 from state_reduction.provenance import REPO_ROOT
 
 TINY_MODELS_DIR = TINY_CHECKPOINTS.parent
+
+# Subcommands defined next to their code: each module has register(subparsers), which adds its parsers
+# with set_defaults(func=handler). Append a module here to add a subcommand.
+SUBCOMMAND_MODULES: list[str] = []
 
 
 def _cmd_data(args) -> int:
@@ -197,17 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--results-root", default=str(REPO_ROOT / "results"))
     b.add_argument("--data-dir", default=None)
     b.set_defaults(func=_cmd_table20_runs)
+    for module in SUBCOMMAND_MODULES:
+        importlib.import_module(module).register(sub)
     return p
 
 
 def main(argv=None) -> int:
     from state_reduction.data import CorpusError
     from state_reduction.evaluation import EvaluationError
+    from state_reduction.results import ResultsError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CorpusError, EvaluationError, FileExistsError, FileNotFoundError, KeyError, NotImplementedError, ValueError) as e:
+    except (CorpusError, EvaluationError, ResultsError, FileExistsError, FileNotFoundError, KeyError, NotImplementedError, ValueError) as e:
         print(f"state-reduction {args.command}: error: {e}", file=sys.stderr)
         return 2
 
