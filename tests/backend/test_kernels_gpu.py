@@ -78,6 +78,23 @@ def output_grads(o_shape, ht_shape):
             torch.randn(ht_shape, device='cuda', generator=gen) * 0.1)
 
 
+def compare_gated_chunk(fn_kernel, x, do, dht, dtype, **kwargs):
+    """Forward always; the backward unless fla refuses it on this GPU/Triton (its guard for issue #640:
+    Triton >= 3.4 and < 3.7.1 on Hopper), which is then the reason the rest is skipped."""
+    with torch.no_grad():
+        o_k, ht_k = fn_kernel(**x, **kwargs)
+        o_r, ht_r = chunk_gated_delta_rule_torch(**x, **kwargs)
+    assert_relative_close('o (forward only)', o_k, o_r, TOLERANCE[dtype])
+    assert_relative_close('final_state (forward only)', ht_k, ht_r, TOLERANCE[dtype])
+    try:
+        results_kernel = run_with_grads(fn_kernel, x, do, dht, **kwargs)
+    except RuntimeError as e:
+        if '#640' in str(e):
+            pytest.skip(f"forward matched; fla refuses the gated chunk backward here: {e}")
+        raise
+    compare(results_kernel, run_with_grads(chunk_gated_delta_rule_torch, x, do, dht, **kwargs), dtype)
+
+
 def compare(results_kernel, results_reference, dtype):
     (o_k, ht_k, grads_k), (o_r, ht_r, grads_r) = results_kernel, results_reference
     tolerance = TOLERANCE[dtype]
@@ -123,11 +140,7 @@ def test_chunk_gated_delta_rule_matches_kernel(dtype):
 
     x = gated_inputs(dtype)
     do, dht = output_grads(x['v'].shape, x['initial_state'].shape)
-    compare(
-        run_with_grads(kernel(chunk_gated_delta_rule), x, do, dht, **LAYER_OPTIONS),
-        run_with_grads(chunk_gated_delta_rule_torch, x, do, dht, **LAYER_OPTIONS),
-        dtype,
-    )
+    compare_gated_chunk(kernel(chunk_gated_delta_rule), x, do, dht, dtype, **LAYER_OPTIONS)
 
 
 def test_chunk_gated_delta_rule_varlen_matches_kernel():
@@ -138,11 +151,7 @@ def test_chunk_gated_delta_rule_varlen_matches_kernel():
     x = gated_inputs(dtype, B=1, N=3)
     do, dht = output_grads(x['v'].shape, x['initial_state'].shape)
     kwargs = dict(LAYER_OPTIONS, cu_seqlens=cu_seqlens)
-    compare(
-        run_with_grads(kernel(chunk_gated_delta_rule), x, do, dht, **kwargs),
-        run_with_grads(chunk_gated_delta_rule_torch, x, do, dht, **kwargs),
-        dtype,
-    )
+    compare_gated_chunk(kernel(chunk_gated_delta_rule), x, do, dht, dtype, **kwargs)
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
