@@ -1,0 +1,113 @@
+"""Transcribe the paper's published Tables 1 and 20-24 into JSON, once.
+
+    python paper_tables/reference_data/transcribe.py
+
+reads `state_reduction_in_linear_attention.md` (a verbatim copy of ../shared/papers/, sha256 checked)
+and writes table1.json, table20.json, table21.json ... table24.json beside it. The files are committed;
+tests/paper_tables/test_reference_tables.py re-reads the paper and checks every number in them.
+Accuracies stay in percent, as printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PAPER = HERE / "state_reduction_in_linear_attention.md"
+PAPER_SHA256 = "06139d16ea835f6640ee8c3b3b43da189b23c27a2378b8a698d24d97c9112365"
+METHODS = {"Rand": "rand", "L1": "l1", "S-Wanda": "wanda", "Grad": "grad", "DRRQR": "drrqr", "Baseline": "baseline"}
+ZS_COLUMNS = ["wiki_ppl", "lambada_ppl", "arc_easy_acc_norm", "arc_challenge_acc_norm", "hellaswag_acc_norm",
+              "winogrande_acc", "piqa_acc_norm", "lambada_acc", "zero_shot_avg"]
+ZS_TABLES = {21: "DeltaNet 370M", 22: "DeltaNet 1.3B", 23: "Gated DeltaNet 370M", 24: "Gated DeltaNet 1.3B"}
+
+
+def paper_text() -> str:
+    data = PAPER.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != PAPER_SHA256:
+        raise ValueError(f"{PAPER}: sha256 {digest} != {PAPER_SHA256}; the paper copy changed")
+    return data.decode()
+
+
+def markdown_table(text: str, number: int) -> tuple[str, list[list[str]]]:
+    """The caption of 'Table N:' and the cells of the first markdown table after it (header rows included,
+    the --- separator dropped)."""
+    match = re.search(rf"^Table {number}: (.*)$", text, flags=re.M)
+    if match is None:
+        raise ValueError(f"Table {number} not found in {PAPER.name}")
+    rows, started = [], False
+    for line in text[match.end():].splitlines():
+        if line.startswith("|"):
+            started = True
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not all(re.fullmatch(r"-+", c) for c in cells):
+                rows.append(cells)
+        elif started:
+            break
+    return match.group(1).strip(), rows
+
+
+def _num(cell: str) -> float:
+    return float(cell)
+
+
+def transcribe_table1(text):
+    caption, rows = markdown_table(text, 1)
+    out = []
+    for cells in rows[2:]:
+        method = METHODS[cells[0]]
+        for i, ratio in enumerate((0.75, 0.5, 0.3)):
+            wiki, lmb, zs = (_num(c) for c in cells[1 + 3 * i: 4 + 3 * i])
+            out.append({"model": "Gated DeltaNet 1.3B", "method": method, "ratio": 0.0 if method == "baseline" else ratio,
+                        "column_ratio": ratio, "rft": method != "baseline",
+                        "wiki_ppl": wiki, "lambada_ppl": lmb, "zero_shot_avg": zs})
+    return caption, out
+
+
+def transcribe_table20(text):
+    caption, rows = markdown_table(text, 20)
+    out, model = [], None
+    for cells in rows[2:]:
+        if cells[0] not in METHODS:  # the first row of a model group carries the model name
+            model, cells = cells[0], cells[1:]
+        else:
+            cells = cells[:-1]  # the markdown conversion left an empty trailing cell on other rows
+        method = METHODS[cells[0]]
+        values = [_num(c) for c in cells[1:7]]
+        for rft, part in ((False, values[:3]), (True, values[3:])):
+            out.append({"model": model, "method": method, "ratio": 0.0 if method == "baseline" else 0.5,
+                        "rft": rft and method != "baseline", "column_rft": rft,
+                        **dict(zip(["wiki_ppl", "lambada_ppl", "zero_shot_avg"], part))})
+    return caption, out
+
+
+def transcribe_zero_shot(text, number):
+    caption, rows = markdown_table(text, number)
+    out = []
+    for cells in rows[1:]:
+        if cells[0] == "Baseline":
+            rft, method, ratio = False, "baseline", 0.0
+        else:
+            rft = {"✓": True, "$\\times$": False}[cells[0]]
+            method, ratio = METHODS[cells[1]], float(cells[2].rstrip("%")) / 100
+        out.append({"model": ZS_TABLES[number], "method": method, "ratio": ratio, "rft": rft,
+                    **dict(zip(ZS_COLUMNS, (_num(c) for c in cells[3:12])))})
+    return caption, out
+
+
+def main() -> None:
+    text = paper_text()
+    tables = {1: transcribe_table1(text), 20: transcribe_table20(text)}
+    tables.update({n: transcribe_zero_shot(text, n) for n in ZS_TABLES})
+    for number, (caption, rows) in tables.items():
+        doc = {"table": number, "source": PAPER.name, "source_sha256": PAPER_SHA256, "caption": caption,
+               "units": {"*_ppl": "perplexity", "*_acc*, zero_shot_avg": "percent"}, "rows": rows}
+        (HERE / f"table{number}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"table{number}.json: {len(rows)} rows")
+
+
+if __name__ == "__main__":
+    main()

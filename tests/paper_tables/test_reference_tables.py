@@ -1,0 +1,92 @@
+"""The published numbers of Tables 1 and 20-24, as transcribed into paper_tables/reference_data/*.json,
+checked against the paper itself by a route independent of the transcription script: every number
+printed in a table must appear in the JSON as often as in the paper, with its row labels."""
+
+import collections
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "paper_tables" / "reference_data"
+PAPER_COPY = DATA / "state_reduction_in_linear_attention.md"
+SHARED_PAPER = ROOT.parent / "shared" / "papers" / "state_reduction_in_linear_attention.md"
+TABLES = (1, 20, 21, 22, 23, 24)
+LABELS = {"rand": "Rand", "l1": "L1", "wanda": "S-Wanda", "grad": "Grad", "drrqr": "DRRQR", "baseline": "Baseline"}
+
+
+def paper_block(number):
+    text = PAPER_COPY.read_text()
+    start = text.index(f"\nTable {number}: ")
+    lines = text[start:].splitlines()[2:]
+    while lines and not lines[0].startswith("|"):
+        lines.pop(0)
+    block = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        if not re.fullmatch(r"\|( -+ \|)+", line.strip()):
+            block.append(line)
+    assert block, f"no table after the caption of Table {number}"
+    return block
+
+
+def numbers_in(lines):
+    return collections.Counter(float(m) for line in lines for m in re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", line))
+
+
+def test_the_paper_copy_is_the_shared_paper():
+    doc = json.loads((DATA / "table20.json").read_text())
+    assert hashlib.sha256(PAPER_COPY.read_bytes()).hexdigest() == doc["source_sha256"]
+    if SHARED_PAPER.exists():  # beside a developer checkout; CI clones may not have it
+        assert SHARED_PAPER.read_bytes() == PAPER_COPY.read_bytes()
+
+
+@pytest.mark.parametrize("number", TABLES)
+def test_every_published_number_is_transcribed_exactly_once(number):
+    doc = json.loads((DATA / f"table{number}.json").read_text())
+    assert doc["table"] == number
+    block = paper_block(number)
+    published = numbers_in(block)
+    transcribed = collections.Counter(
+        v for row in doc["rows"] for k, v in row.items() if k.endswith(("_ppl", "_acc", "_acc_norm", "_avg")))
+    assert transcribed == published
+    assert sum(published.values()) > 0
+
+
+@pytest.mark.parametrize("number", (21, 22, 23, 24))
+def test_zero_shot_rows_keep_their_labels(number):
+    doc = json.loads((DATA / f"table{number}.json").read_text())
+    block = paper_block(number)[1:]
+    assert len(block) == len(doc["rows"])
+    for line, row in zip(block, doc["rows"]):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if row["method"] == "baseline":
+            assert cells[:3] == ["Baseline", "–", "0%"]
+        else:
+            assert cells[0] == ("✓" if row["rft"] else "$\\times$")
+            assert cells[1] == LABELS[row["method"]]
+            assert cells[2] == f"{round(row['ratio'] * 100)}%"
+        assert [float(c) for c in cells[3:12]] == [row[k] for k in (
+            "wiki_ppl", "lambada_ppl", "arc_easy_acc_norm", "arc_challenge_acc_norm", "hellaswag_acc_norm",
+            "winogrande_acc", "piqa_acc_norm", "lambada_acc", "zero_shot_avg")]
+
+
+def test_table20_rows_keep_model_and_method():
+    doc = json.loads((DATA / "table20.json").read_text())
+    block = paper_block(20)[2:]
+    rows = iter(doc["rows"])
+    model = None
+    for line in block:
+        cells = [c.strip() for c in line.strip().strip("|").split("|") if c.strip()]
+        if cells[0] not in LABELS.values():
+            model, cells = cells[0], cells[1:]
+        pre, post = next(rows), next(rows)
+        for row, values in ((pre, cells[1:4]), (post, cells[4:7])):
+            assert row["model"] == model and LABELS[row["method"]] == cells[0]
+            assert [row["wiki_ppl"], row["lambada_ppl"], row["zero_shot_avg"]] == [float(v) for v in values]
+        assert not pre["rft"] and post["rft"] == (pre["method"] != "baseline")
+    assert next(rows, None) is None
