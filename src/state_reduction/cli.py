@@ -15,7 +15,7 @@ TINY_MODELS_DIR = TINY_CHECKPOINTS.parent
 
 # Subcommands defined next to their code: each module has register(subparsers), which adds its parsers
 # with set_defaults(func=handler). Append a module here to add a subcommand.
-SUBCOMMAND_MODULES: list[str] = []
+SUBCOMMAND_MODULES: list[str] = ["state_reduction.speed.cli"]
 
 
 def _cmd_data(args) -> int:
@@ -64,7 +64,7 @@ def _cmd_prune(args) -> int:
     record = prune(PruneConfig(
         model=args.model, method=args.method, ratio=args.ratio, out=args.out, select=args.select,
         calib=args.calib, n_calib=args.n_calib, seq_len=args.seq_len, seed=args.seed,
-        batch_size=args.batch_size, multiple=args.multiple, overwrite=args.overwrite, data_dir=args.data_dir))
+        batch_size=args.batch_size, multiple=args.multiple, power_of_two=args.power_of_two, overwrite=args.overwrite, data_dir=args.data_dir))
     sb = record["state_bytes_per_sequence"]
     print(f"{record['model_type']}: {args.method} ({args.select}) kept {record['key_dim_after']}/{record['key_dim_before']} "
           f"channels per head; state {sb['before']} -> {sb['after']} bytes/sequence; {args.out} "
@@ -90,23 +90,6 @@ def _cmd_evaluate(args) -> int:
                   weights_sha256=weights_sha256(path) if path.is_dir() else None, provenance=collect_provenance())
     write_json_atomic(args.out, result)
     print(json.dumps(result["metrics"], indent=2))
-    return 0
-
-
-def _cmd_bench(args) -> int:
-    from state_reduction.bench import bench_calibration, format_calibration
-    from state_reduction.provenance import collect_provenance, write_json_atomic
-
-    if args.mode != "calibration":
-        raise NotImplementedError(f"bench mode {args.mode!r} is not built yet; available: calibration")
-    rows = bench_calibration(args.model, sizes=args.sizes, seq_len=args.seq_len, batch_size=args.batch_size,
-                             corpus=args.calib)
-    print(f"calibration + DRRQR (50%), {args.model}, {args.calib} calibration stream, seq_len {args.seq_len}, "
-          f"batch {args.batch_size}, CPU, 1 thread")
-    print(format_calibration(rows))
-    if args.out:
-        write_json_atomic(args.out, {"kind": "bench", "mode": "calibration", "model": args.model, "rows": rows,
-                                     "provenance": collect_provenance()})
     return 0
 
 
@@ -168,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int, default=0)
     pr.add_argument("--batch-size", type=int, default=8)
     pr.add_argument("--multiple", type=int, default=None, help="round kept channels down to a multiple (kernels)")
+    pr.add_argument("--power-of-two", action="store_true",
+                    help="round kept channels down to a power of two (fla pads K to one on GPU)")
     pr.add_argument("--out", required=True)
     pr.add_argument("--overwrite", action="store_true")
     pr.add_argument("--data-dir", default=None)
@@ -184,15 +169,6 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data-dir", default=None)
     ev.set_defaults(func=_cmd_evaluate)
 
-    be = sub.add_parser("bench", help="benchmarks printing ratios measured in one run")
-    be.add_argument("mode", choices=["calibration"], help="calibration: time and peak memory vs calibration size")
-    be.add_argument("--model", default=str(TINY_CHECKPOINTS / "deltanet"))
-    be.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128, 512])
-    be.add_argument("--seq-len", type=int, default=256)
-    be.add_argument("--batch-size", type=int, default=8)
-    be.add_argument("--calib", default="books", help="calibration corpus (books has the most calibration tokens)")
-    be.add_argument("--out", default=None, help="also write the rows as result JSON")
-    be.set_defaults(func=_cmd_bench)
 
     b = sub.add_parser("table20-runs", help="the runs behind Table 20: dense and 50%%-pruned models (pre-RFT)")
     b.add_argument("--profile", choices=["tiny", "paper"], default="tiny")

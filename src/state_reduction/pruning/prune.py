@@ -29,6 +29,7 @@ class PruneConfig:
     seed: int = 0
     batch_size: int = 8
     multiple: int | None = None
+    power_of_two: bool = False
     overwrite: bool = False
     data_dir: str | None = None
 
@@ -69,7 +70,7 @@ def prune(cfg: PruneConfig) -> dict:
     adapter = get_adapter(model)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     H, K = adapter.key_heads(model.config)
-    keep = keep_count(K, cfg.ratio, cfg.multiple)
+    keep = keep_count(K, cfg.ratio, cfg.multiple, cfg.power_of_two)
     state_before = adapter.state_bytes_per_sequence(model.config)
 
     stats, calibration = {}, None

@@ -32,9 +32,10 @@ Selector = Callable[..., KeyChannelSelection]
 SELECTORS: dict[str, Selector] = {}
 
 
-def keep_count(K: int, ratio: float, multiple: int | None = None) -> int:
+def keep_count(K: int, ratio: float, multiple: int | None = None, power_of_two: bool = False) -> int:
     """Channels kept per head at compression ratio `ratio` (fraction removed): floor(K * (1 - ratio)),
-    optionally rounded down to a multiple of `multiple` (kernel-friendly budgets, e.g. 8 or 16)."""
+    optionally rounded down to a multiple of `multiple` (kernel-friendly budgets, e.g. 8 or 16) and/or to a
+    power of two (fla's GPU kernels pad K up to the next power of two, so 77 channels cost as much as 128)."""
     if not isinstance(K, int) or K < 1:
         raise ValueError(f"K must be a positive int, got {K!r}")
     max_ratio = 1.0 - 1.0 / K
@@ -52,6 +53,8 @@ def keep_count(K: int, ratio: float, multiple: int | None = None) -> int:
                 f"allowed range [0, {1.0 - multiple / K:g}]"
             )
         kept -= kept % multiple
+    if power_of_two:
+        kept = 1 << (kept.bit_length() - 1)
     return kept
 
 
