@@ -15,7 +15,7 @@ TINY_MODELS_DIR = TINY_CHECKPOINTS.parent
 
 # Subcommands defined next to their code: each module has register(subparsers), which adds its parsers
 # with set_defaults(func=handler). Append a module here to add a subcommand.
-SUBCOMMAND_MODULES: list[str] = ["state_reduction.speed.cli"]
+SUBCOMMAND_MODULES: list[str] = ["state_reduction.speed.cli", "state_reduction.rft.cli"]
 
 
 def _cmd_data(args) -> int:
