@@ -7,11 +7,12 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PROFILE ?= tiny
 PYTEST_ARGS ?=
+LM_TABLES := table1 table20 table21 table22 table23 table24
 
-.PHONY: setup test table20 tiny-models tokenizer clean-venv help
+.PHONY: setup test $(LM_TABLES) tiny-models tokenizer clean-venv help
 
 help:
-	@echo "make table20   Table 20 (profile $(PROFILE)) as LaTeX and plots"
+	@echo "make table20   Table 20 (profile $(PROFILE)) as LaTeX and plots; also table1, table21 ... table24"
 	@echo "make test      the test suite (CPU)"
 	@echo "make setup     create $(VENV) and install the project (idempotent)"
 
@@ -35,9 +36,12 @@ tokenizer: setup
 tiny-models: setup
 	$(VENV)/bin/state-reduction pretrain experiments/tiny_models/configs/*.yaml
 
-table20: setup
-	$(PY) -m state_reduction.cli table20-runs --profile $(PROFILE)
-	$(PY) paper_tables/table20.py --profile $(PROFILE)
+# The language-modelling tables of experiments/deltanet_gdn: each runs what is missing (dense baseline,
+# prune with the five methods, evaluate pre-RFT, RFT, evaluate post-RFT), then renders LaTeX, Markdown,
+# the comparison with the paper and the figure. A second run reruns nothing.
+$(LM_TABLES): setup
+	$(VENV)/bin/state-reduction run-table $@ --profile $(PROFILE)
+	$(PY) paper_tables/$@.py --profile $(PROFILE)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -8,10 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from state_reduction.table20 import TINY_CHECKPOINTS
-from state_reduction.provenance import REPO_ROOT
-
-TINY_MODELS_DIR = TINY_CHECKPOINTS.parent
+from state_reduction.provenance import REPO_ROOT, TINY_CHECKPOINTS, TINY_MODELS_DIR
 
 # Subcommands defined next to their code: each module has register(subparsers), which adds its parsers
 # with set_defaults(func=handler). Append a module here to add a subcommand.
@@ -73,33 +70,37 @@ def _cmd_prune(args) -> int:
 
 
 def _cmd_evaluate(args) -> int:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from state_reduction.backend import install_cpu_backend
-    from state_reduction.evaluation import evaluate
-    from state_reduction.provenance import collect_provenance, write_json_atomic
-    from state_reduction.table20 import weights_sha256
+    from state_reduction.evaluation import evaluate, load_causal_lm
+    from state_reduction.evaluation.run import _suite_table
+    from state_reduction.results import build_result, measure, model_entry, write_result
 
+    _suite_table(args.suite)  # an unknown suite fails before the model loads
     install_cpu_backend()
-    model = AutoModelForCausalLM.from_pretrained(args.model).to(args.device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    result = evaluate(model, tokenizer, suite=args.suite, batch_size=args.batch_size, max_length=args.max_length,
-                      limit=args.limit, data_dir=args.data_dir)
-    path = Path(args.model)
-    result.update(kind="evaluate", model_path=args.model,
-                  weights_sha256=weights_sha256(path) if path.is_dir() else None, provenance=collect_provenance())
-    write_json_atomic(args.out, result)
+    with measure() as m:
+        model, tokenizer = load_causal_lm(args.model, args.device)
+        result = evaluate(model, tokenizer, suite=args.suite, batch_size=args.batch_size,
+                          max_length=args.max_length, limit=args.limit, data_dir=args.data_dir)
+    config = {"model": args.model, "suite": args.suite, "batch_size": args.batch_size,
+              "max_length": args.max_length, "limit": args.limit, "device": args.device}
+    record = build_result(
+        "evaluate", profile="paper" if args.suite == "paper" else "tiny", experiment=args.experiment,
+        config=config, metrics=result["metrics"], model=model_entry(args.model),
+        data={t: d["sha256"] for t, d in result["data"].items() if d}, wall_time_s=m["wall_time_s"],
+        extra={k: result[k] for k in ("suite", "tasks", "n_examples", "tokenizer", "lm_eval_version")}
+        | {"data_files": result["data"]})
+    write_result(args.out, record)
     print(json.dumps(result["metrics"], indent=2))
     return 0
 
 
-def _cmd_table20_runs(args) -> int:
-    from state_reduction.table20 import Table20Settings, run_table20
+def _cmd_run_table(args) -> int:
+    from state_reduction.pipeline import run_table
 
-    out_dir = Path(args.results_root) / args.profile / "table20"
-    settings = Table20Settings(calib=args.calib, n_calib=args.n_calib, seed=args.seed)
-    for path in run_table20(args.profile, out_dir, settings, data_dir=args.data_dir):
-        print(path)
+    paths = run_table(args.experiment, args.table, args.profile, results_root=args.results_root,
+                      data_dir=args.data_dir)
+    folder = paths[0].parent if paths else None
+    print(f"{args.table} ({args.profile}): {len(paths)} result files in {folder}")
     return 0
 
 
@@ -162,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("model")
     ev.add_argument("--suite", default="tiny", help="tiny or paper")
     ev.add_argument("--out", required=True, help="result JSON")
+    ev.add_argument("--experiment", default="evaluate", help="experiment name recorded in the result")
     ev.add_argument("--batch-size", type=int, default=16)
     ev.add_argument("--max-length", type=int, default=256)
     ev.add_argument("--limit", type=_limit, default=None, help="examples per task (int) or fraction (<1)")
@@ -170,14 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=_cmd_evaluate)
 
 
-    b = sub.add_parser("table20-runs", help="the runs behind Table 20: dense and 50%%-pruned models (pre-RFT)")
+    b = sub.add_parser("run-table", help="run every missing stage (prune, evaluate, RFT) behind a paper table")
+    b.add_argument("table", help="table1, table20, table21, table22, table23, table24")
     b.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
-    b.add_argument("--calib", default="ptb", help="calibration corpus")
-    b.add_argument("--n-calib", type=int, default=32)
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--results-root", default=str(REPO_ROOT / "results"))
+    b.add_argument("--experiment", default="deltanet_gdn", help="experiments/<name>/config.yaml")
+    b.add_argument("--results-root", default=None, help="default: results/ in the repository")
     b.add_argument("--data-dir", default=None)
-    b.set_defaults(func=_cmd_table20_runs)
+    b.set_defaults(func=_cmd_run_table)
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)
     return p
@@ -186,12 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from state_reduction.data import CorpusError
     from state_reduction.evaluation import EvaluationError
+    from state_reduction.pipeline import PipelineError
     from state_reduction.results import ResultsError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CorpusError, EvaluationError, ResultsError, FileExistsError, FileNotFoundError, KeyError, NotImplementedError, ValueError) as e:
+    except (CorpusError, EvaluationError, PipelineError, ResultsError, FileExistsError, FileNotFoundError, KeyError, NotImplementedError, ValueError) as e:
         print(f"state-reduction {args.command}: error: {e}", file=sys.stderr)
         return 2
 

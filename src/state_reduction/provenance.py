@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+TINY_MODELS_DIR = REPO_ROOT / "experiments" / "tiny_models"
+TINY_CHECKPOINTS = TINY_MODELS_DIR / "checkpoints"
 TRACKED_PACKAGES = ("torch", "triton", "flash-linear-attention", "transformers", "peft", "lm-eval", "datasets",
                     "tokenizers", "numpy")
 

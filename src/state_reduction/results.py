@@ -166,6 +166,20 @@ def finished(path: str | Path, key: str) -> bool:
     return read_result(path)["config_key"] == key
 
 
+def _remove_stale_temporaries(out_dir: Path) -> None:
+    """Delete `.NAME.PID.tmp` files (write_json_atomic) left by processes that no longer exist."""
+    import os
+
+    for tmp in out_dir.glob(".*.tmp") if out_dir.is_dir() else ():
+        try:
+            pid = int(tmp.name.rsplit(".", 2)[-2])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except (ValueError, PermissionError):
+            continue
+
+
 def run_sweep(cells: Iterable[tuple[str, dict]], run: Callable[[str, dict], dict], out_dir: str | Path,
               progress: bool = True) -> list[Path]:
     """Run each (name, config) cell whose result `out_dir/name.json` is missing or has another config key.
@@ -181,6 +195,7 @@ def run_sweep(cells: Iterable[tuple[str, dict]], run: Callable[[str, dict], dict
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"sweep cell names must be unique; repeated: {', '.join(dup)}")
     out_dir = Path(out_dir)
+    _remove_stale_temporaries(out_dir)
     paths, todo = [], []
     for name, config in cells:
         path = out_dir / f"{name}.json"

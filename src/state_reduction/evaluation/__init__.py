@@ -10,6 +10,7 @@ from state_reduction.evaluation.run import (
     TINY_METRICS,
     EvaluationError,
     evaluate,
+    load_causal_lm,
 )
 from state_reduction.evaluation.tiny_suite import (
     TASKS,
@@ -25,5 +26,6 @@ __all__ = [
     "EvaluationError",
     "build_tiny_suite",
     "evaluate",
+    "load_causal_lm",
     "render_task_yamls",
 ]

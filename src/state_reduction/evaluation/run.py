@@ -9,6 +9,7 @@ import difflib
 import os
 import tempfile
 import time
+from pathlib import Path
 
 from state_reduction.evaluation.tiny_suite import build_tiny_suite, render_task_yamls
 
@@ -82,6 +83,26 @@ def _flatten(results: dict, table: dict) -> dict:
                 averaged.append(value)
     metrics["zero_shot_avg"] = sum(averaged) / len(averaged)
     return metrics
+
+
+def load_causal_lm(path: str, device: str = "cpu"):
+    """(model, tokenizer) from a local checkpoint or a hub id, with errors that name the path: a local path
+    that does not exist or has no config.json, or a model that is not a causal language model."""
+    import state_reduction  # noqa: F401  (Auto-class registration)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    local = Path(path)
+    if local.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1:
+        if not local.is_dir():
+            raise EvaluationError(f"model path {path} does not exist")
+        if not (local / "config.json").is_file():
+            raise EvaluationError(f"model path {path} has no config.json; not a checkpoint directory")
+    config = AutoConfig.from_pretrained(path)
+    if type(config) not in AutoModelForCausalLM._model_mapping:
+        raise EvaluationError(f"model {path} (model_type {config.model_type!r}) is not a causal language model")
+    model = AutoModelForCausalLM.from_pretrained(path).to(device)
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(path)
 
 
 def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_length: int = 256,

@@ -1,0 +1,280 @@
+"""Render the language-modelling tables (Table 1, Table 20, Tables 21-24) from result JSON.
+
+Reads only result files (results/<profile>/<experiment>/*.json, through state_reduction.pipeline.collect)
+and the experiment's config.yaml (which cells a table has). Writes, per table:
+  paper_tables/out/<profile>/<table>.tex   the paper's layout; best bold, second underlined among methods
+  paper_tables/out/<profile>/<table>.md    the same as Markdown
+  paper_tables/out/<profile>/<table>_vs_paper.md   our numbers beside the paper's published ones
+  figures/<profile>/<table>.png and .pdf
+Missing runs are rendered as holes ("--") and listed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "paper_tables" / "reference_data"
+METHOD_ORDER = ["l1", "rand", "drrqr", "grad", "wanda"]
+METHOD_NAMES = {"l1": "L1", "rand": "Rand", "drrqr": "DRRQR", "grad": "Grad", "wanda": "S-Wanda", "baseline": "Baseline"}
+# (metric key in results, header, lower is better, scale)
+WIKI = ("wiki_word_perplexity", "Wiki $\\downarrow$", True, 1.0)
+LMB = ("lambada_ppl", "LMB $\\downarrow$", True, 1.0)
+ZS = ("zero_shot_avg", "ZS $\\uparrow$", False, 100.0)
+ACCURACIES = {
+    "paper": [("arc_easy_acc_norm", "ARC-e acc\\_n"), ("arc_challenge_acc_norm", "ARC-c acc\\_n"),
+              ("hellaswag_acc_norm", "Hella. acc\\_n"), ("winogrande_acc", "Wino. acc"),
+              ("piqa_acc_norm", "PIQA acc\\_n"), ("lambada_acc", "LMB. acc")],
+    "tiny": [("continuation_acc_norm", "Cont. acc\\_n"), ("next_sentence_acc", "NextS. acc"),
+             ("lambada_acc", "LMB. acc")],
+}
+# our metric key -> the key in reference_data/*.json
+PAPER_KEYS = {"wiki_word_perplexity": "wiki_ppl", "lambada_ppl": "lambada_ppl", "zero_shot_avg": "zero_shot_avg"}
+
+
+class Table:
+    """The cells of one table on one profile: values by (model, method, ratio, rft) and the holes."""
+
+    def __init__(self, experiment: str, table: str, profile: str, results_root=None):
+        self.experiment, self.table, self.profile = experiment, table, profile
+        self.spec = load_experiment(experiment)
+        self.models, self.cells, self.rft_states = table_cells(self.spec, table, profile)
+        self.p = profile_spec(self.spec, profile)
+        self.suite = self.p["evaluate"]["suite"]
+        self.values = {}
+        for r in collect(experiment, profile, results_root):
+            if r["kind"] != "evaluate":
+                continue
+            c = r["config"]
+            self.values[(c["model"], c["method"], c["ratio"], c["rft"])] = r["metrics"]
+            if c["method"] == "baseline":  # the dense model is its own post-RFT row, as in the paper
+                self.values[(c["model"], c["method"], c["ratio"], True)] = r["metrics"]
+        self.ratios = sorted({c.ratio for c in self.cells}, reverse=True)
+        self.missing = []
+        for m in self.models:
+            if (m, "baseline", 0.0, False) not in self.values:
+                self.missing.append(f"{m}-baseline-r0-eval")
+            for c in self.cells:
+                for rft in self.rft_states:
+                    if (c.model, c.method, c.ratio, rft) not in self.values and c.model == m:
+                        self.missing.append(f"{c.name}-eval-{'post' if rft else 'pre'}")
+
+    def get(self, model, method, ratio, rft, metric):
+        ratio = 0.0 if method == "baseline" else ratio
+        key, scale = metric[0], metric[3] if len(metric) > 3 else (100.0 if "acc" in metric[0] else 1.0)
+        v = self.values.get((model, method, ratio, rft), {}).get(key)
+        return None if v is None or not math.isfinite(v) else v * scale
+
+    def model_label(self, key: str) -> str:
+        names = self.p["models"][key]["stands_for"]
+        return f"tiny {key} (for {', '.join(names)})" if self.profile == "tiny" else names[0]
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "--"
+    return f"{v:.1f}" if abs(v) < 1e5 else f"{v:.3g}"
+
+
+def rank_marks(values: list, lower_is_better: bool) -> list[str]:
+    """'best' / 'second' / '' per value (None never ranks); ties share the mark."""
+    present = sorted({v for v in values if v is not None}, reverse=not lower_is_better)
+    best = present[0] if present else None
+    second = present[1] if len(present) > 1 else None
+    return ["best" if v is not None and v == best else "second" if v is not None and v == second else ""
+            for v in values]
+
+
+def _tex(v, mark) -> str:
+    s = _fmt(v)
+    return f"\\textbf{{{s}}}" if mark == "best" else f"\\underline{{{s}}}" if mark == "second" else s
+
+
+def _md(v, mark) -> str:
+    s = _fmt(v)
+    return f"**{s}**" if mark == "best" else f"<u>{s}</u>" if mark == "second" else s
+
+
+def _column_marks(t: Table, model, ratio, rft, metric) -> dict:
+    vals = [t.get(model, m, ratio, rft, metric) for m in METHOD_ORDER]
+    return dict(zip(METHOD_ORDER, rank_marks(vals, metric[2])))
+
+
+# -- layouts -----------------------------------------------------------------------------------------------
+def layout_pre_post(t: Table):
+    """Table 20: model x method rows; pre- and post-RFT Wiki, LMB, ZS."""
+    metrics = [WIKI, LMB, ZS]
+    header = ["Model", "Method"] + [f"{'Pre' if not rft else 'Post'}-RFT {m[1]}" for rft in (False, True) for m in metrics]
+    rows = []
+    for model in t.models:
+        for i, method in enumerate(METHOD_ORDER + ["baseline"]):
+            cells = [t.model_label(model) if i == 0 else "", METHOD_NAMES[method]]
+            for rft in (False, True):
+                for metric in metrics:
+                    mark = "" if method == "baseline" else _column_marks(t, model, 0.5, rft, metric)[method]
+                    cells.append((t.get(model, method, t.ratios[0], rft, metric), mark))
+            rows.append(cells)
+    return header, rows
+
+
+def layout_ratios_post(t: Table):
+    """Table 1: method rows; per ratio post-RFT Wiki, LMB, ZS."""
+    metrics = [WIKI, LMB, ZS]
+    header = ["Model", "Method"] + [f"{round(r * 100)}% {m[1]}" for r in t.ratios for m in metrics]
+    rows = []
+    for model in t.models:
+        for i, method in enumerate(METHOD_ORDER + ["baseline"]):
+            cells = [t.model_label(model) if i == 0 else "", METHOD_NAMES[method]]
+            for ratio in t.ratios:
+                for metric in metrics:
+                    mark = "" if method == "baseline" else _column_marks(t, model, ratio, True, metric)[method]
+                    cells.append((t.get(model, method, ratio, True, metric), mark))
+            rows.append(cells)
+    return header, rows
+
+
+def layout_zero_shot(t: Table):
+    """Tables 21-24: (RFT, method, ratio) rows; Wiki, LMB ppl, the suite's accuracies and their average."""
+    metrics = [WIKI, LMB] + [(k, h, False, 100.0) for k, h in ACCURACIES[t.suite]] + [(ZS[0], "Avg $\\uparrow$", False, 100.0)]
+    header = ["Model", "RFT", "Method", "Compr."] + [m[1] for m in metrics]
+    rows = []
+    for model in t.models:
+        for ratio in t.ratios:
+            for rft in t.rft_states:
+                for method in METHOD_ORDER:
+                    cells = [t.model_label(model), "yes" if rft else "no", METHOD_NAMES[method], f"{round(ratio * 100)}%"]
+                    for metric in metrics:
+                        cells.append((t.get(model, method, ratio, rft, metric),
+                                      _column_marks(t, model, ratio, rft, metric)[method]))
+                    rows.append(cells)
+        cells = [t.model_label(model), "--", "Baseline", "0%"]
+        rows.append(cells + [(t.get(model, "baseline", 0.0, False, m), "") for m in metrics])
+    return header, rows
+
+
+LAYOUTS = {"table1": layout_ratios_post, "table20": layout_pre_post}
+LAYOUTS.update({f"table{n}": layout_zero_shot for n in (21, 22, 23, 24)})
+
+
+def to_latex(t: Table, header, rows) -> str:
+    n_text = sum(1 for c in rows[0] if isinstance(c, str))
+    spec = "l" * n_text + "r" * (len(header) - n_text)
+    lines = [f"% {t.table} ({t.profile} profile) rendered by paper_tables/lm_tables.py from "
+             f"results/{t.profile}/{t.experiment}/; suite {t.suite}; best bold, second underlined among methods",
+             f"\\begin{{tabular}}{{{spec}}}", "\\toprule", " & ".join(header) + " \\\\", "\\midrule"]
+    for r in rows:
+        lines.append(" & ".join(c.replace("_", "\\_") if isinstance(c, str) else _tex(*c) for c in r) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def to_markdown(header, rows) -> str:
+    clean = [h.replace(" $\\downarrow$", " ↓").replace(" $\\uparrow$", " ↑").replace("\\_", "_") for h in header]
+    lines = ["| " + " | ".join(clean) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c if isinstance(c, str) else _md(*c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+# -- comparison with the published numbers -------------------------------------------------------------------
+def reference_rows(table: str) -> list[dict]:
+    path = REFERENCE / f"{table}.json"
+    return json.loads(path.read_text())["rows"] if path.exists() else []
+
+
+def comparison(t: Table) -> str:
+    """Our value beside the paper's for every published row whose model our profile stands in for."""
+    ref = reference_rows(t.table)
+    metrics = [WIKI, LMB, ZS]
+    lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
+             "Paper values are the published ones (paper_tables/reference_data). Tiny-profile models are ~10M-"
+             "parameter stand-ins on offline data and a different task suite: compare orderings, not magnitudes.", "",
+             "| paper model | ours | method | compr. | RFT | " + " | ".join(
+                 f"{m[1].split(' ')[0]} ours | {m[1].split(' ')[0]} paper" for m in metrics) + " |",
+             "|" + "---|" * (5 + 2 * len(metrics))]
+    for row in ref:
+        model = next((k for k in t.models if row["model"] in t.p["models"][k]["stands_for"]), None)
+        if model is None:
+            continue
+        cells = [row["model"], model, METHOD_NAMES[row["method"]], f"{round(row['ratio'] * 100)}%",
+                 "yes" if row["rft"] else "no"]
+        for m in metrics:
+            cells += [_fmt(t.get(model, row["method"], row["ratio"], row["rft"], m)), _fmt(row.get(PAPER_KEYS[m[0]]))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# -- figure -----------------------------------------------------------------------------------------------------
+def plot(t: Table, stem: Path) -> list[Path]:
+    """Wiki perplexity vs compression ratio per method, one panel per model and RFT state, the dense
+    baseline as a dashed line (all ratios of this experiment that have results, not only the table's)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(m, rft) for m in t.models for rft in t.rft_states]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    all_ratios = sorted({k[2] for k in t.values if k[1] != "baseline"})
+    colors = plt.get_cmap("tab10")
+    for ax, (model, rft) in zip(axes[0], panels):
+        for j, method in enumerate(METHOD_ORDER):
+            pts = [(r, t.get(model, method, r, rft, WIKI)) for r in all_ratios]
+            pts = [(r * 100, v) for r, v in pts if v is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=METHOD_NAMES[method], color=colors(j))
+        base = t.get(model, "baseline", 0.0, False, WIKI)
+        if base is not None:
+            ax.axhline(base, color="k", ls="--", lw=1, label="Baseline")
+        ax.set_yscale("log")
+        ax.set_xlabel("key channels removed (%)")
+        ax.set_ylabel("Wiki word perplexity")
+        ax.set_title(f"{model}, {'post' if rft else 'pre'}-RFT", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite)", fontsize=10)
+    fig.tight_layout()
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    for p in paths:
+        fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def render(table: str, profile: str = "tiny", experiment: str = "deltanet_gdn", results_root=None,
+           out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False) -> dict:
+    t = Table(experiment, table, profile, results_root)
+    header, rows = LAYOUTS[table](t)
+    out = (out_root or ROOT / "paper_tables" / "out") / profile
+    out.mkdir(parents=True, exist_ok=True)
+    written = {"tex": out / f"{table}.tex", "md": out / f"{table}.md", "vs_paper": out / f"{table}_vs_paper.md"}
+    written["tex"].write_text(to_latex(t, header, rows))
+    md = to_markdown(header, rows)
+    written["md"].write_text(md)
+    cmp = comparison(t)
+    written["vs_paper"].write_text(cmp)
+    written["figures"] = plot(t, (figures_root or ROOT / "figures") / profile / table)
+    if not quiet:
+        print(md)
+        print(cmp)
+        if t.missing:
+            print(f"{len(t.missing)} runs missing (rendered as --): {', '.join(t.missing)}")
+        print("wrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
+                                  for v in written.values() for p in (v if isinstance(v, list) else [v])))
+    written["missing"] = t.missing
+    return written
+
+
+def main(table: str, argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=f"Render {table} from result JSON")
+    p.add_argument("--profile", default="tiny", choices=["tiny", "paper"])
+    p.add_argument("--experiment", default="deltanet_gdn")
+    p.add_argument("--results-root", default=None)
+    args = p.parse_args(argv)
+    render(table, args.profile, args.experiment, args.results_root)
+    return 0

@@ -1,0 +1,274 @@
+"""Experiment pipelines: prune -> evaluate (pre-RFT) -> RFT -> evaluate (post-RFT), plus the dense baseline,
+for the cells a paper table needs, on either profile.
+
+An experiment is `experiments/<name>/config.yaml`: per profile the models (each standing for one or more
+of the paper's model names), pruning, RFT and evaluation settings; and per table the paper's model
+names, ratios and RFT states it shows. `run_table(experiment, table, profile)` runs every missing stage
+and returns the result files. Each stage is a sweep (results.run_sweep) keyed by its configuration, which
+includes the key of the stage it builds on: a rerun does nothing, a killed run resumes at the first
+missing result, and a changed setting reruns exactly the stages downstream of it.
+
+Results go to results/<profile>/<experiment>/<model>-<method>-r<pct>-<stage>.json; model artifacts to
+results/<profile>/<experiment>/models/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from state_reduction.provenance import REPO_ROOT
+from state_reduction.results import (build_result, config_key, measure, model_entry, read_result, results_dir,
+                                     run_sweep)
+
+EXPERIMENTS_DIR = REPO_ROOT / "experiments"
+STAGES = ("baseline", "prune", "eval-pre", "rft", "eval-post")
+
+
+class PipelineError(ValueError):
+    """An experiment, table or profile cannot be run as asked; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str  # the profile's model key
+    method: str
+    ratio: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}-{self.method}-r{round(self.ratio * 100)}"
+
+
+def load_experiment(name: str) -> dict:
+    """experiments/<name>/config.yaml, or a YAML file given by path (tests, private experiments)."""
+    path = Path(name) if str(name).endswith((".yaml", ".yml")) else EXPERIMENTS_DIR / name / "config.yaml"
+    if not path.is_file() and path.suffix in (".yaml", ".yml") and path.parent != EXPERIMENTS_DIR / name:
+        raise PipelineError(f"experiment file {path} does not exist")
+    if not path.is_file():
+        known = sorted(p.parent.name for p in EXPERIMENTS_DIR.glob("*/config.yaml"))
+        raise PipelineError(f"experiment {name!r} has no {path.relative_to(REPO_ROOT)}; known: {', '.join(known)}")
+    spec = yaml.safe_load(path.read_text())
+    for key in ("experiment", "methods", "profiles", "tables"):
+        if key not in spec:
+            raise PipelineError(f"{path}: missing {key!r}")
+    return spec
+
+
+def profile_spec(spec: dict, profile: str) -> dict:
+    if profile not in spec["profiles"]:
+        raise PipelineError(f"experiment {spec['experiment']!r} has no profile {profile!r}; "
+                            f"profiles: {', '.join(spec['profiles'])}")
+    return spec["profiles"][profile]
+
+
+def resolve_model_path(path: str) -> str:
+    """Expand ${VARS}; a relative path that exists under the repository root is taken from there."""
+    missing = [v for v in re.findall(r"\$\{(\w+)\}", path) if v not in os.environ]
+    if missing:
+        raise PipelineError(f"model path {path!r} needs the environment variable {', '.join(missing)} "
+                            "(where the locally pretrained checkpoints are)")
+    path = os.path.expandvars(path)
+    local = REPO_ROOT / path
+    return str(local) if not os.path.isabs(path) and local.exists() else path
+
+
+def table_cells(spec: dict, table: str, profile: str) -> tuple[list[str], list[Cell], tuple[bool, ...]]:
+    """(model keys, cells, rft states) of `table` on `profile`; the paper's model names map to model keys
+    through `stands_for`, and two names on one stand-in give one set of runs."""
+    tables = spec.get("tables", {})
+    if table not in tables:
+        raise PipelineError(f"experiment {spec['experiment']!r} does not feed {table!r}; tables: {', '.join(tables)}")
+    t = tables[table]
+    models = profile_spec(spec, profile)["models"]
+    keys = []
+    for paper_name in t["models"]:
+        key = next((k for k, m in models.items() if paper_name in m["stands_for"]), None)
+        if key is None:
+            raise PipelineError(f"{table} needs {paper_name!r}, which no model of profile {profile!r} stands for")
+        if key not in keys:
+            keys.append(key)
+    cells = [Cell(k, m, float(r)) for k in keys for r in t["ratios"] for m in spec["methods"]]
+    return keys, cells, tuple(bool(x) for x in t["rft"])
+
+
+class _Runner:
+    """The stage functions of one experiment and profile."""
+
+    def __init__(self, spec: dict, profile: str, results_root=None, data_dir=None):
+        self.spec, self.profile, self.data_dir = spec, profile, data_dir
+        self.p = profile_spec(spec, profile)
+        self.out = results_dir(profile, spec["experiment"], results_root)
+        self.models_dir = self.out / "models"
+        self._dense = {}
+
+    # -- configurations: each includes the key of what it builds on -------------------------------------
+    def dense(self, key: str) -> dict:
+        if key not in self._dense:
+            path = resolve_model_path(self.p["models"][key]["path"])
+            self._dense[key] = {"path": path, **{k: v for k, v in model_entry(path).items() if k != "path"}}
+        return self._dense[key]
+
+    def _base(self, cell: Cell, stage: str) -> dict:
+        d = self.dense(cell.model)
+        return {"experiment": self.spec["experiment"], "stage": stage, "model": cell.model,
+                "model_path": self.p["models"][cell.model]["path"], "dense_weights_sha256": d["weights_sha256"],
+                "method": cell.method, "ratio": cell.ratio}
+
+    def prune_config(self, cell: Cell) -> dict:
+        return {**self._base(cell, "prune"), "select": self.spec.get("select", "kq"), **self.p["prune"]}
+
+    def rft_config(self, cell: Cell) -> dict:
+        from state_reduction.rft import PRESETS
+
+        rft = self.p["rft"]
+        # the preset's values are part of the key: editing a preset reruns RFT and what follows
+        return {**self._base(cell, "rft"), "pruned": config_key(self.prune_config(cell)), **rft,
+                "preset_values": PRESETS.get(rft["preset"])}
+
+    def eval_config(self, cell: Cell, rft: bool) -> dict:
+        if cell.method == "baseline":
+            of = "dense"
+        else:
+            of = config_key(self.rft_config(cell) if rft else self.prune_config(cell))
+        stage = "baseline" if cell.method == "baseline" else ("eval-post" if rft else "eval-pre")
+        return {**self._base(cell, stage), "rft": rft, "of": of, **self.p["evaluate"]}
+
+    def model_dir(self, cell: Cell, stage: str, config: dict) -> Path:
+        return self.models_dir / f"{cell.name}-{stage}-{config_key(config)}"
+
+    # -- stages ----------------------------------------------------------------------------------------------
+    def ensure_pruned(self, cell: Cell) -> Path:
+        config = self.prune_config(cell)
+        folder = self.model_dir(cell, "prune", config)
+        if not (folder / "selection.json").is_file():
+            self._prune(cell, config, folder)
+        return folder
+
+    def _prune(self, cell: Cell, config: dict, folder: Path) -> dict:
+        from state_reduction.pruning.prune import PruneConfig, prune
+
+        with measure() as m:
+            record = prune(PruneConfig(
+                model=self.dense(cell.model)["path"], method=cell.method, ratio=cell.ratio, out=str(folder),
+                select=config["select"], calib=config["calib"], n_calib=config["n_calib"],
+                seq_len=config["seq_len"], seed=config["seed"], batch_size=config.get("batch_size", 8),
+                overwrite=True, data_dir=self.data_dir))
+        calibration = record.get("calibration") or {}
+        return build_result(
+            "prune", profile=self.profile, experiment=self.spec["experiment"], config=config,
+            metrics={"key_dim_before": record["key_dim_before"], "key_dim_after": record["key_dim_after"],
+                     "state_bytes_before": record["state_bytes_per_sequence"]["before"],
+                     "state_bytes_after": record["state_bytes_per_sequence"]["after"]},
+            model=model_entry(folder), data={calibration["corpus"]: calibration["sha256"]} if calibration else {},
+            seeds={"selection": config["seed"]}, wall_time_s=m["wall_time_s"],
+            extra={"selection_file": str(folder / "selection.json"), "calibration": calibration})
+
+    def run_prune(self, name: str, config: dict) -> dict:
+        cell = self._cell(config)
+        return self._prune(cell, config, self.model_dir(cell, "prune", config))
+
+    def ensure_rft(self, cell: Cell) -> Path:
+        """The merged post-RFT model of `cell`, fine-tuning it (or resuming its checkpoint) if it is missing."""
+        from state_reduction.rft.trainer import MODEL_DIR
+
+        config = self.rft_config(cell)
+        folder = self.model_dir(cell, "rft", config)
+        if not (folder / MODEL_DIR / "config.json").is_file():
+            self._rft(cell, config, folder)
+        return folder / MODEL_DIR
+
+    def _rft(self, cell: Cell, config: dict, folder: Path) -> dict:
+        from state_reduction.rft import RFTConfig, run_rft
+
+        student = self.ensure_pruned(cell)
+        overrides = {k: v for k, v in config.items() if k not in self._base(cell, "rft") and k not in ("pruned", "preset", "preset_values")}
+        cfg = RFTConfig.from_preset(config["preset"], str(student), self.dense(cell.model)["path"], str(folder),
+                                    profile=self.profile, experiment=self.spec["experiment"], resume=True,
+                                    **overrides)
+        with measure() as m:
+            record = run_rft(cfg)  # resumes a killed run from its checkpoint; returns at once if it finished
+        return build_result("rft", profile=self.profile, experiment=self.spec["experiment"], config=config,
+                            metrics=record["metrics"], model=record["model"], data=record.get("data", {}),
+                            seeds=record.get("seeds", {}), wall_time_s=m["wall_time_s"],
+                            extra={"rft_config": record["config"], "rft_result": str(folder / "rft_result.json")})
+
+    def run_rft(self, name: str, config: dict) -> dict:
+        cell = self._cell(config)
+        return self._rft(cell, config, self.model_dir(cell, "rft", config))
+
+    def run_eval(self, name: str, config: dict) -> dict:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        import state_reduction  # noqa: F401
+        from state_reduction.backend import install_cpu_backend
+        from state_reduction.evaluation import evaluate
+
+        cell = self._cell(config)
+        if cell.method == "baseline":
+            folder = self.dense(cell.model)["path"]
+        else:
+            folder = self.ensure_rft(cell) if config["rft"] else self.ensure_pruned(cell)
+        install_cpu_backend()
+        with measure() as m:
+            model = AutoModelForCausalLM.from_pretrained(str(folder))
+            tokenizer = AutoTokenizer.from_pretrained(str(folder))
+            model.eval()
+            out = evaluate(model, tokenizer, suite=config["suite"], batch_size=config["batch_size"],
+                           max_length=config["max_length"], limit=config["limit"], data_dir=self.data_dir)
+        data = {t: d["sha256"] for t, d in out["data"].items() if d}
+        return build_result("evaluate", profile=self.profile, experiment=self.spec["experiment"], config=config,
+                            metrics=out["metrics"], model=model_entry(folder), data=data, seeds={},
+                            wall_time_s=m["wall_time_s"],
+                            extra={k: out[k] for k in ("suite", "tasks", "n_examples", "lm_eval_version")}
+                            | {"data_files": out["data"]})
+
+    @staticmethod
+    def _cell(config: dict) -> Cell:
+        return Cell(config["model"], config["method"], config["ratio"])
+
+
+def run_table(experiment: str, table: str, profile: str = "tiny", results_root=None, data_dir=None,
+              stages=STAGES) -> list[Path]:
+    """Run what `table` needs and is missing; return the result files it reads."""
+    spec = load_experiment(experiment)
+    keys, cells, rft_states = table_cells(spec, table, profile)
+    if profile == "paper":
+        from state_reduction.evaluation.run import _require_hub
+
+        _require_hub()
+    import torch
+
+    torch.manual_seed(0)
+    runner = _Runner(spec, profile, results_root, data_dir)
+    paths = []
+    if "baseline" in stages:
+        base = [Cell(k, "baseline", 0.0) for k in keys]
+        paths += run_sweep([(f"{c.name}-eval", runner.eval_config(c, False)) for c in base], runner.run_eval, runner.out)
+    if "prune" in stages:
+        paths += run_sweep([(f"{c.name}-prune", runner.prune_config(c)) for c in cells], runner.run_prune, runner.out)
+    if False in rft_states and "eval-pre" in stages:
+        paths += run_sweep([(f"{c.name}-eval-pre", runner.eval_config(c, False)) for c in cells],
+                           runner.run_eval, runner.out)
+    if True in rft_states and "rft" in stages:
+        paths += run_sweep([(f"{c.name}-rft", runner.rft_config(c)) for c in cells], runner.run_rft, runner.out)
+    if True in rft_states and "eval-post" in stages:
+        paths += run_sweep([(f"{c.name}-eval-post", runner.eval_config(c, True)) for c in cells],
+                           runner.run_eval, runner.out)
+    return paths
+
+
+def collect(experiment: str, profile: str, results_root=None) -> list[dict]:
+    """Every result of the experiment on the profile (renderers read these)."""
+    folder = results_dir(profile, experiment, results_root)
+    return [read_result(p) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+
+
+def clean_models(experiment: str, profile: str, results_root=None) -> None:
+    """Remove the model artifacts (results stay; a rerun re-creates only what an unfinished stage needs)."""
+    shutil.rmtree(results_dir(profile, experiment, results_root) / "models", ignore_errors=True)
