@@ -1,0 +1,143 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from state_reduction.results import read_result
+from state_reduction.rft import RFTError, run_rft
+from state_reduction.rft import trainer as rft_trainer
+from state_reduction.rft.trainer import STATE_FILE, build_student, load_causal_lm, load_trainable_state
+
+
+
+def _state(out):
+    return torch.load(out / STATE_FILE, weights_only=False)
+
+
+def test_resume_after_a_stop_is_bit_exact(tmp_path, pruned_deltanet, dense_deltanet, small_config):
+    straight = run_rft(small_config(pruned_deltanet, dense_deltanet, tmp_path / "straight"))
+    cfg = small_config(pruned_deltanet, dense_deltanet, tmp_path / "killed")
+    # step 3 runs but is lost (checkpoint every 2 steps), as with a kill between checkpoints
+    assert run_rft(cfg, stop_after=3) == {"stopped_at": 3}
+    assert _state(tmp_path / "killed")["step"] == 2
+    cfg.resume = True
+    resumed = run_rft(cfg)
+    a, b = _state(tmp_path / "straight"), _state(tmp_path / "killed")
+    assert a["step"] == b["step"] == 4
+    assert a["trainable"].keys() == b["trainable"].keys()
+    assert all(torch.equal(a["trainable"][k], b["trainable"][k]) for k in a["trainable"])
+    assert [r["loss"] for r in a["history"]] == [r["loss"] for r in b["history"]]
+    assert straight["metrics"]["final_loss"] == resumed["metrics"]["final_loss"]
+    assert straight["model"]["weights_sha256"] == resumed["model"]["weights_sha256"]
+    logged = [json.loads(line)["step"] for line in (tmp_path / "killed" / "log.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3, 4]
+
+
+@pytest.fixture(scope="module")
+def merged_run(tmp_path_factory, pruned_deltanet, dense_deltanet, small_config):
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("merge") / "run"
+    cfg = small_config(pruned_deltanet, dense_deltanet, out, steps=3, rank=4, alpha=24.0, lr=1e-2)
+    return cfg, run_rft(cfg)
+
+
+def test_merged_checkpoint_equals_the_unmerged_lora_model(merged_run, pruned_deltanet, small_config):
+    from transformers import AutoModelForCausalLM
+
+    cfg, record = merged_run
+    out = cfg.out
+    peft_model = build_student(load_causal_lm(pruned_deltanet, "student"), cfg)
+    load_trainable_state(peft_model, _state(Path(out))["trainable"])
+    lora_b = [p for n, p in peft_model.named_parameters() if "lora_B" in n]
+    assert any(p.abs().max() > 0 for p in lora_b)  # the adapters moved, so the merge is not trivial
+    assert peft_model.peft_config["default"].r == 4 and peft_model.peft_config["default"].lora_alpha == 24.0
+    merged = AutoModelForCausalLM.from_pretrained(f"{out}/model")  # stock loader
+    x = torch.randint(0, merged.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    peft_model.eval()
+    merged.eval()
+    with torch.no_grad():
+        ref, got = peft_model(input_ids=x).logits, merged(input_ids=x).logits
+    assert torch.allclose(ref, got, atol=1e-5, rtol=1e-5), (ref - got).abs().max()
+    student = AutoModelForCausalLM.from_pretrained(pruned_deltanet)
+    assert merged.config.expand_k == student.config.expand_k
+    assert merged.model.layers[0].attn.k_proj.weight.shape == student.model.layers[0].attn.k_proj.weight.shape
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+
+
+def test_result_record_has_the_schema_and_metrics(merged_run, small_config):
+    cfg, record = merged_run
+    on_disk = read_result(f"{cfg.out}/rft_result.json")
+    assert on_disk["kind"] == "rft" and on_disk["config_key"] == record["config_key"]
+    m = on_disk["metrics"]
+    for key in ("final_loss", "final_ce", "final_kl", "tokens", "tokens_per_s", "wall_time_s"):
+        assert m[key] is not None and m[key] >= 0
+    assert m["tokens"] == 3 * 4 * 32 and on_disk["config"]["rank"] == 4
+    assert on_disk["extra"]["lora_parameters"] > 0
+
+
+def test_resume_of_a_finished_run_returns_its_record(merged_run, small_config):
+    cfg, record = merged_run
+    cfg.resume = True
+    try:
+        again = run_rft(cfg)
+    finally:
+        cfg.resume = False
+    assert again["created"] == record["created"]
+
+
+def test_resume_with_another_config_is_refused_with_the_difference(merged_run, small_config):
+    cfg, _ = merged_run
+    other = small_config(cfg.student, cfg.teacher, cfg.out, steps=3, rank=4, alpha=24.0, lr=5e-3, resume=True)
+    (Path(cfg.out) / "rft_result.json").rename(f"{cfg.out}/rft_result.moved")
+    try:
+        with pytest.raises(RFTError, match=r"another RFT config.*lr: 0\.01 -> 0\.005"):
+            run_rft(other)
+    finally:
+        (Path(cfg.out) / "rft_result.moved").rename(f"{cfg.out}/rft_result.json")
+
+
+def test_existing_run_needs_resume_or_overwrite(merged_run, small_config):
+    cfg, _ = merged_run
+    again = small_config(cfg.student, cfg.teacher, cfg.out, steps=3, rank=4, alpha=24.0, lr=1e-2)
+    with pytest.raises(RFTError, match="pass resume"):
+        run_rft(again)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, pruned_deltanet, dense_deltanet, monkeypatch, small_config):
+    real = rft_trainer.distillation_loss
+    calls = {"n": 0}
+
+    def nan_at_step_3(*args):
+        calls["n"] += 1
+        loss, ce, kl = real(*args)
+        return (loss * float("nan"), ce, kl) if calls["n"] == 3 else (loss, ce, kl)
+
+    monkeypatch.setattr(rft_trainer, "distillation_loss", nan_at_step_3)
+    with pytest.raises(RFTError, match=r"non-finite loss \(nan\) at step 3.*last good checkpoint: step 2"):
+        run_rft(small_config(pruned_deltanet, dense_deltanet, tmp_path / "nan"))
+    assert _state(tmp_path / "nan")["step"] == 2
+    assert not (tmp_path / "nan" / "model").exists()
+
+
+def test_teacher_of_another_family_is_refused(tmp_path, pruned_deltanet, small_config, checkpoints):
+    with pytest.raises(RFTError, match="teacher .* is 'gated_deltanet' but student .* is 'delta_net'"):
+        run_rft(small_config(pruned_deltanet, str(checkpoints / "gated_deltanet"), tmp_path / "x"))
+
+
+def test_teacher_with_another_vocabulary_is_refused(tmp_path, pruned_deltanet, dense_deltanet, small_config):
+    teacher = load_causal_lm(dense_deltanet, "teacher")
+    teacher.resize_token_embeddings(teacher.config.vocab_size + 8)
+    teacher.save_pretrained(tmp_path / "bigger_vocab")
+    with pytest.raises(RFTError, match="vocab_size 8200, student .* has 8192"):
+        run_rft(small_config(pruned_deltanet, str(tmp_path / "bigger_vocab"), tmp_path / "x"))
+
+
+def test_wandb_offline_run_dir_is_written(tmp_path, pruned_deltanet, monkeypatch, small_config):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    (tmp_path / "wb").mkdir()
+    record = run_rft(small_config(pruned_deltanet, None, tmp_path / "run", steps=1, save_every=1))
+    runs = list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and record["extra"]["wandb_dir"].startswith(str(runs[0]))
+    assert record["metrics"]["final_kl"] == 0

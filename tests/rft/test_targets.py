@@ -1,0 +1,59 @@
+import pytest
+
+from state_reduction.rft import RFTConfig, RFTError
+from state_reduction.rft.targets import resolve_lora_targets
+from state_reduction.rft.trainer import build_student, load_causal_lm
+
+from state_reduction.provenance import REPO_ROOT
+
+CHECKPOINTS = REPO_ROOT / "experiments" / "tiny_models" / "checkpoints"
+
+EXPECTED_CHILDREN = {"deltanet": {"q_proj", "k_proj", "v_proj"}, "gated_deltanet": {"q_proj", "k_proj", "v_proj"},
+                     "mamba2": {"in_proj"}, "qwen3_5": {"in_proj_qkv"}}
+
+
+def _model(family):
+    return load_causal_lm(str(CHECKPOINTS / family), "student")
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED_CHILDREN))
+def test_lora_on_the_mixers_qkv_projections_and_conv_norm_bias_train(family):
+    model = _model(family)
+    names = resolve_lora_targets(model, None)
+    assert {n.rsplit(".", 1)[-1] for n in names} == EXPECTED_CHILDREN[family]
+    cfg = RFTConfig(student="s", teacher=None, out="o", rank=4, alpha=8)
+    peft_model = build_student(model, cfg)
+    trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    lora = [n for n in trainable if "lora_" in n]
+    assert len(lora) == 2 * len(names)
+    others = [n for n in trainable if "lora_" not in n]
+    assert others and all(any(s in n for s in ("conv1d", "norm", "bias")) for n in others)
+    assert not any(".mlp." in n or "embed" in n or "lm_head" in n for n in trainable)
+
+
+def test_qwen3_5_attention_layers_and_non_mixer_parts_stay_frozen():
+    model = _model("qwen3_5")
+    peft_model = build_student(model, RFTConfig(student="s", teacher=None, out="o", rank=4, alpha=8))
+    trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    assert trainable and all(".linear_attn." in n for n in trainable)
+    assert not any("self_attn" in n for n, _ in peft_model.named_modules() if "lora_" in n)
+
+
+def test_target_matching_no_module_is_named():
+    with pytest.raises(RFTError, match="LoRA target 'qq_proj' matches no module"):
+        resolve_lora_targets(_model("deltanet"), ["qq_proj"])
+
+
+def test_short_convolution_target_is_refused_by_name():
+    with pytest.raises(RFTError, match=r"model\.layers\.0\.attn\.q_conv1d .*ShortConvolution"):
+        resolve_lora_targets(_model("deltanet"), ["q_conv1d"])
+
+
+def test_mamba2_out_proj_target_is_refused_by_name():
+    with pytest.raises(RFTError, match=r"backbone\.layers\.0\.mixer\.out_proj .*peft refuses out_proj"):
+        resolve_lora_targets(_model("mamba2"), ["out_proj"])
+
+
+def test_non_linear_target_is_refused():
+    with pytest.raises(RFTError, match="not a torch.nn.Linear"):
+        resolve_lora_targets(_model("deltanet"), [r"model\.layers\.0\.attn_norm"])
