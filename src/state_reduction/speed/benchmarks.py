@@ -163,19 +163,24 @@ def _time_recurrence_calls(device: torch.device):
         layer_module.fused_recurrent_gated_delta_rule = original
 
 
-def _share(step, device, steps: int) -> float:
-    """Fraction of a decode step's time spent in the recurrence (a separate pass with synchronising timers)."""
-    step()
-    with _time_recurrence_calls(device) as box:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        total = time.perf_counter() - t0
-    return box["seconds"] / total
+def _share(step, device, protocol: TimingProtocol) -> float:
+    """Fraction of a decode step's time spent in the recurrence: median over `protocol.repeats` repetitions of
+    `protocol.steps` steps, in a pass of its own (its timers synchronise the GPU)."""
+    for _ in range(max(1, protocol.warmup)):
+        step()
+    shares = []
+    for _ in range(protocol.repeats):
+        with _time_recurrence_calls(device) as box:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            for _ in range(protocol.steps):
+                step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            total = time.perf_counter() - t0
+        shares.append(box["seconds"] / total)
+    return median(shares)
 
 
 def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v: int = 128, d_k: int = 128,
@@ -209,13 +214,13 @@ def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v:
                 hidden = torch.randn(batch, 1, base.config.hidden_size, generator=torch.Generator().manual_seed(seed)).to(device)
                 steps = {label: (lambda m=m, c=caches[label]: m.model.layers[0].attn(hidden, past_key_values=c, use_cache=True))
                          for label, m in models.items()}
-                share = _share(steps["base"], device, model_protocol.steps)
+                share = _share(steps["base"], device, protocol)
                 samples = time_interleaved(steps, protocol, device)
                 rows += _level_rows("layer", vs, samples, d_k, share=share)
             if "model" in levels:
                 steps = {label: (lambda m=m, c=caches[label]: m(input_ids=token, past_key_values=c, use_cache=True))
                          for label, m in models.items()}
-                share = _share(steps["base"], device, model_protocol.steps)
+                share = _share(steps["base"], device, model_protocol)
                 samples = time_interleaved(steps, model_protocol, device)
                 rows += _level_rows("model", vs, samples, d_k, share=share, layers=desc["layers"])
     for r in rows:

@@ -41,7 +41,8 @@ def load_bench_model(model: str, *, layers: int | None = None, dtype: torch.dtyp
         kwargs = {**kwargs, **_CPU_SAFE}
         if layers is not None:
             kwargs["num_hidden_layers"] = layers
-        m = build_model(family, kwargs, seed=seed, dtype=dtype)
+        with torch.device(device):  # initialise on the device: a 1.3B model built on the CPU takes minutes there
+            m = build_model(family, kwargs, seed=seed, dtype=dtype)
         desc = {"name": model, "path": None, "family": family, "random_weights": True, "layers": kwargs["num_hidden_layers"]}
     elif Path(model).is_dir():
         if layers is not None:

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# GPU check for issue 7: Table 19 mixer and Table 17 decode benchmarks for a 1.3B-shaped Gated DeltaNet (random
+# weights), forward/decode only, in under 8 minutes in total. Run from the repository root on a CUDA machine whose
+# python3 has torch and triton:   bash scripts/gpu_check.sh
+# fla comes from the carried wheels in .whl/ (installed to /tmp/site) unless python3 already imports it.
+# Outputs go to $OUT when set (the device tool's folder), else to results/paper/speed/gpu_check/.
+#
+# Lessons from the 2026-11-30 H200 run (experiments/speed/gpu_runs/2026-11-30-h200/): Triton compilation and
+# autotuning dominate (a 6-point chunk-GDN forward timing took > 90 s), and fla 0.6.0 refuses the gated-delta-rule
+# chunk *backward* on Hopper with triton < 3.7.1. So: no backward, few shapes, one process per stage, a hard
+# timeout per stage, and the most important numbers first.
+set -u
+cd "$(dirname "$0")/.."
+START=$(date +%s)
+BUDGET_S=${GPU_CHECK_BUDGET_S:-470}
+OUT_DIR=${OUT:-results/paper/speed/gpu_check}
+mkdir -p "$OUT_DIR"
+LOG="$OUT_DIR/gpu_check.log"
+: > "$LOG"
+
+say() { echo "[gpu_check $(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+
+# stage NAME SECONDS CMD...: runs CMD with a hard timeout, never past the total budget
+stage() {
+  local name=$1 want=$2; shift 2
+  local left=$(( BUDGET_S - ($(date +%s) - START) ))
+  local limit=$(( want < left ? want : left ))
+  if (( limit < 20 )); then say "SKIP $name: only ${left}s of the ${BUDGET_S}s budget left"; return 0; fi
+  say "START $name (timeout ${limit}s): $*"
+  timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$name.out" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT_DIR/$name.out" >> "$LOG"
+  if (( rc == 124 || rc == 137 )); then say "TIMEOUT $name after ${limit}s"; else say "END $name rc=$rc"; fi
+}
+
+export PYTHONPATH="$PWD/src:/tmp/site:${PYTHONPATH:-}"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if ! python3 -c "import fla" 2>/dev/null; then
+  say "installing fla from .whl/ to /tmp/site"
+  python3 -m pip install --quiet --no-deps --no-index --target /tmp/site .whl/*.whl >> "$LOG" 2>&1 || say "fla install failed"
+fi
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+  python3 -c "import torch, triton, transformers, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'fla', fla.__version__)" 2>&1
+  git rev-parse HEAD 2>/dev/null; git status --porcelain --untracked-files=no 2>/dev/null | head -20
+} > "$OUT_DIR/env.txt"
+cat "$OUT_DIR/env.txt" >> "$LOG"
+
+BENCH=(python3 -m state_reduction.speed.cli bench)
+COMMON=(--device cuda --profile paper --threads 1)
+
+# 1. Table 19 headline: one mixer layer, T 2048, batch 32, d_k 128 vs 64 vs 32 (paper: 1.28x, 1.51x)
+stage mixer_b32 170 "${BENCH[@]}" mixer "${COMMON[@]}" --batch-sizes 32 --seq-len 2048 --keep \
+  --warmup 3 --steps 10 --repeats 3 --out "$OUT_DIR/mixer_gdn_cuda_b32.json"
+# 2. Table 17: full 1.3B-shaped GDN (24 layers, bf16), decode after a 512-token prompt, CUDA graphs
+stage decode 170 "${BENCH[@]}" decode "${COMMON[@]}" --model gdn-1.3b --batch-sizes 1 16 64 --prompt-len 512 \
+  --cuda-graphs on --warmup 10 --steps 50 --repeats 3 --out "$OUT_DIR/decode_gdn-1.3b_cuda.json"
+# 3. one decode step: fla's fused recurrent kernel alone, one layer, a 2-layer model, with the Amdahl bound
+stage recurrence 60 "${BENCH[@]}" recurrence "${COMMON[@]}" --batch-sizes 64 --layers 2 \
+  --warmup 10 --steps 100 --repeats 3 --out "$OUT_DIR/recurrence_gdn_cuda.json"
+# 4. kernel-friendly budgets: unrounded d_k 77 (padded to 128 by fla) vs 80, 96 at batch 8
+stage mixer_budgets 70 "${BENCH[@]}" mixer "${COMMON[@]}" --batch-sizes 8 --seq-len 2048 --ratios 0.5 --keep 96 80 77 \
+  --warmup 3 --steps 10 --repeats 3 --out "$OUT_DIR/mixer_gdn_cuda_budgets.json"
+
+say "done in $(( $(date +%s) - START ))s; outputs in $OUT_DIR"
+ls -l "$OUT_DIR" >> "$LOG"
