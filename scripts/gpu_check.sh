@@ -53,13 +53,15 @@ COMMON=(--device cuda --profile paper --threads 1)
 stage mixer_b32 170 "${BENCH[@]}" mixer "${COMMON[@]}" --batch-sizes 32 --seq-len 2048 --keep \
   --warmup 3 --steps 10 --repeats 3 --out "$OUT_DIR/mixer_gdn_cuda_b32.json"
 # 2. Table 17: full 1.3B-shaped GDN (24 layers, bf16), decode after a 512-token prompt, CUDA graphs
-stage decode 170 "${BENCH[@]}" decode "${COMMON[@]}" --model gdn-1.3b --batch-sizes 1 16 64 --prompt-len 512 \
-  --cuda-graphs on --warmup 10 --steps 50 --repeats 3 --out "$OUT_DIR/decode_gdn-1.3b_cuda.json"
+stage decode_b64 120 "${BENCH[@]}" decode "${COMMON[@]}" --model gdn-1.3b --batch-sizes 64 --prompt-len 512 \
+  --cuda-graphs on --warmup 10 --steps 50 --repeats 3 --out "$OUT_DIR/decode_gdn-1.3b_cuda_b64.json"
+stage decode_b1_16 80 "${BENCH[@]}" decode "${COMMON[@]}" --model gdn-1.3b --batch-sizes 1 16 --prompt-len 512 \
+  --cuda-graphs on --warmup 10 --steps 50 --repeats 3 --out "$OUT_DIR/decode_gdn-1.3b_cuda_b1_16.json"
 # 3. one decode step: fla's fused recurrent kernel alone, one layer, a 2-layer model, with the Amdahl bound
-stage recurrence 60 "${BENCH[@]}" recurrence "${COMMON[@]}" --batch-sizes 64 --layers 2 \
+stage recurrence 50 "${BENCH[@]}" recurrence "${COMMON[@]}" --batch-sizes 64 --layers 2 \
   --warmup 10 --steps 100 --repeats 3 --out "$OUT_DIR/recurrence_gdn_cuda.json"
 # 4. kernel-friendly budgets: unrounded d_k 77 (padded to 128 by fla) vs 80, 96 at batch 8
-stage mixer_budgets 70 "${BENCH[@]}" mixer "${COMMON[@]}" --batch-sizes 8 --seq-len 2048 --ratios 0.5 --keep 96 80 77 \
+stage mixer_budgets 50 "${BENCH[@]}" mixer "${COMMON[@]}" --batch-sizes 8 --seq-len 2048 --ratios 0.5 --keep 96 80 77 \
   --warmup 3 --steps 10 --repeats 3 --out "$OUT_DIR/mixer_gdn_cuda_budgets.json"
 
 say "done in $(( $(date +%s) - START ))s; outputs in $OUT_DIR"
