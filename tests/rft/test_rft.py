@@ -141,3 +141,15 @@ def test_wandb_offline_run_dir_is_written(tmp_path, pruned_deltanet, monkeypatch
     runs = list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and record["extra"]["wandb_dir"].startswith(str(runs[0]))
     assert record["metrics"]["final_kl"] == 0
+
+
+def test_cli_bad_input_is_one_line_and_exit_code_2(tmp_path, pruned_deltanet, checkpoints, capsys):
+    from state_reduction.cli import main
+
+    rc = main(["rft", pruned_deltanet, "--teacher", str(checkpoints / "mamba2"), "--out", str(tmp_path / "x"),
+               "--preset", "tiny", "--set", "progress=false"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("state-reduction")]
+    assert rc == 2 and len(err) == 1 and err[0].startswith("state-reduction rft: error: teacher")
+    rc = main(["rft", pruned_deltanet, "--no-teacher", "--out", str(tmp_path / "y"), "--set", "lora_targets=[q_conv1d]"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and "ShortConvolution" in err[-1]

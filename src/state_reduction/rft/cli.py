@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 
 def _cmd_rft(args) -> int:
@@ -23,7 +25,7 @@ def _cmd_rft(args) -> int:
     else:
         cfg = RFTConfig.from_preset(args.preset, args.student, teacher, args.out, **overrides)
     record = run_rft(cfg)
-    if record is not None:
+    if os.environ.get("RANK", "0") == "0":
         m = record["metrics"]
         print(f"rft {record['extra']['model_type']}: {m['steps']} steps, loss {m['first_loss']:.3f} -> "
               f"{m['final_loss']:.3f} (ce {m['final_ce']:.3f}, kl {m['final_kl']:.4f}), {m['tokens_per_s']:.0f} tokens/s; "
@@ -59,9 +61,10 @@ def register(sub) -> None:
 
     r = sub.add_parser("rft", help="recovery fine-tuning of a pruned model: LoRA + distillation from the dense teacher",
                        description="Defaults are the paper's recipe (--preset paper); --preset tiny fits the CPU "
-                                   "tiny profile. Later flags and key=value overrides win over --config and the preset.")
+                                   "tiny profile. Flags and --set KEY=VALUE win over --config and the preset.")
     r.add_argument("student", help="pruned checkpoint (state-reduction prune --out)")
-    r.add_argument("overrides", nargs="*", help="key=value overrides of RFTConfig fields (e.g. kd_temperature=1)")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any RFTConfig field (repeatable), e.g. --set kd_temperature=1 --set progress=false")
     r.add_argument("--teacher", default=None, help="the unpruned (dense) checkpoint")
     r.add_argument("--no-teacher", action="store_true", help="cross-entropy only (no distillation)")
     r.add_argument("--out", required=True, help="run folder: model/, checkpoints/, log.jsonl, rft_result.json")
