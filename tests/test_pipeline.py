@@ -1,0 +1,96 @@
+"""The table pipeline end to end on a tiny model: every stage writes a schema result, a rerun does nothing,
+a changed setting reruns exactly the stages downstream of it, and bad requests are clear errors."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from state_reduction.pipeline import PipelineError, load_experiment, run_table, table_cells
+from state_reduction.results import read_result
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGE_FILES = ["deltanet-baseline-r0-eval", "deltanet-l1-r50-prune", "deltanet-l1-r50-eval-pre",
+               "deltanet-l1-r50-rft", "deltanet-l1-r50-eval-post"]
+
+
+def spec(limit=2):
+    return {
+        "experiment": "pipeline_test", "methods": ["l1"], "select": "kq",
+        "profiles": {"tiny": {
+            "models": {"deltanet": {"path": "experiments/tiny_models/checkpoints/deltanet",
+                                    "stands_for": ["DeltaNet 370M"]}},
+            "prune": {"calib": "ptb", "n_calib": 2, "seq_len": 32, "seed": 0, "batch_size": 2},
+            "rft": {"preset": "tiny", "steps": 2, "batch_size": 2, "seq_len": 32, "save_every": 1},
+            "evaluate": {"suite": "tiny", "batch_size": 8, "max_length": 128, "limit": limit}}},
+        "tables": {"table20": {"models": ["DeltaNet 370M"], "ratios": [0.5], "rft": [False, True]}},
+    }
+
+
+def write_spec(tmp_path, **kw):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(spec(**kw)))
+    return str(path)
+
+
+def mtimes(folder):
+    return {name: os.stat(folder / f"{name}.json").st_mtime_ns for name in STAGE_FILES}
+
+
+@pytest.mark.slow
+def test_pipeline_runs_each_stage_once_and_reruns_only_downstream_of_a_change(tmp_path):
+    torch.set_num_threads(1)
+    results = tmp_path / "results"
+    config = write_spec(tmp_path)
+    paths = run_table(config, "table20", "tiny", results_root=results)
+    folder = results / "tiny" / "pipeline_test"
+    assert sorted(p.stem for p in paths) == sorted(STAGE_FILES)
+    records = {n: read_result(folder / f"{n}.json") for n in STAGE_FILES}
+    assert [records[n]["kind"] for n in STAGE_FILES] == ["evaluate", "prune", "evaluate", "rft", "evaluate"]
+    assert records["deltanet-l1-r50-prune"]["metrics"]["key_dim_after"] == 32
+    pre, post = records["deltanet-l1-r50-eval-pre"], records["deltanet-l1-r50-eval-post"]
+    assert pre["config"]["of"] == records["deltanet-l1-r50-prune"]["config_key"]
+    assert post["config"]["of"] == records["deltanet-l1-r50-rft"]["config_key"]
+    assert pre["model"]["weights_sha256"] != post["model"]["weights_sha256"]  # RFT changed the weights
+    assert all(r["provenance"]["git_commit"] and r["model"]["weights_sha256"] for r in records.values())
+    assert all(len(h) == 64 for h in pre["data"].values()) and pre["data"]
+
+    before = mtimes(folder)
+    run_table(config, "table20", "tiny", results_root=results)
+    assert mtimes(folder) == before  # nothing reran
+
+    config = write_spec(tmp_path, limit=3)  # an evaluation setting: only the three evaluations rerun
+    run_table(config, "table20", "tiny", results_root=results)
+    after = mtimes(folder)
+    changed = {n for n in STAGE_FILES if after[n] != before[n]}
+    assert changed == {"deltanet-baseline-r0-eval", "deltanet-l1-r50-eval-pre", "deltanet-l1-r50-eval-post"}
+    assert read_result(folder / "deltanet-l1-r50-eval-pre.json")["extra"]["n_examples"]["tiny_lambada"] == 3
+
+
+def test_table_cells_map_paper_models_onto_stand_ins():
+    spec = load_experiment("deltanet_gdn")
+    models, cells, rft = table_cells(spec, "table20", "tiny")
+    assert models == ["deltanet", "gated_deltanet"] and rft == (False, True)
+    assert len(cells) == 2 * 5 and {c.ratio for c in cells} == {0.5}
+    models, cells, rft = table_cells(spec, "table1", "paper")
+    assert models == ["gated_deltanet-1.3b"] and rft == (True,) and len(cells) == 3 * 5
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda c: run_table("no_such_experiment", "table20"), "known: deltanet_gdn"),
+    (lambda c: run_table(c, "table99"), "tables: table20"),
+    (lambda c: run_table(c, "table20", "paper"), "profiles: tiny"),
+])
+def test_bad_requests_are_clear_errors(tmp_path, call, message):
+    with pytest.raises(PipelineError, match=message):
+        call(write_spec(tmp_path))
+
+
+def test_a_path_needing_an_unset_variable_names_it(monkeypatch):
+    from state_reduction.pipeline import resolve_model_path
+
+    monkeypatch.delenv("SR_CHECKPOINTS", raising=False)
+    with pytest.raises(PipelineError, match="SR_CHECKPOINTS"):
+        resolve_model_path("${SR_CHECKPOINTS}/delta_net-370M")
