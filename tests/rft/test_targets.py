@@ -57,3 +57,17 @@ def test_mamba2_out_proj_target_is_refused_by_name():
 def test_non_linear_target_is_refused():
     with pytest.raises(RFTError, match="not a torch.nn.Linear"):
         resolve_lora_targets(_model("deltanet"), [r"model\.layers\.0\.attn_norm"])
+
+
+def test_flame_export_carries_the_recipe_and_refuses_transformers_families(tmp_path):
+    from state_reduction.rft.flame import export_for_flame
+
+    cfg = RFTConfig(student=str(CHECKPOINTS / "deltanet"), teacher=None, out="o")
+    text = export_for_flame(cfg, tmp_path / "flame").read_text()
+    assert "convert_hf_to_dcp" in text and "checkpoint/step-0" in text
+    for flag in ("--optimizer.lr 0.0001", "--optimizer.eps 1e-15", "--lr_scheduler.lr_min 0.1",
+                 "--training.batch_size 16", "--training.seq_len 2048", "--training.steps 2000",
+                 "--training.max_norm 1.0", f"--model.config {CHECKPOINTS / 'deltanet' / 'config.json'}"):
+        assert flag in text
+    with pytest.raises(RFTError, match="mamba2"):
+        export_for_flame(RFTConfig(student=str(CHECKPOINTS / "mamba2"), teacher=None, out="o"), tmp_path / "m")

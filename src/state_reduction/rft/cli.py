@@ -24,6 +24,11 @@ def _cmd_rft(args) -> int:
         cfg = RFTConfig.from_yaml(args.config, student=args.student, teacher=teacher, out=args.out, **overrides)
     else:
         cfg = RFTConfig.from_preset(args.preset, args.student, teacher, args.out, **overrides)
+    if args.export_flame:
+        from state_reduction.rft.flame import export_for_flame
+
+        print(f"flame: {export_for_flame(cfg, args.export_flame)} (run it from a flame checkout)")
+        return 0
     record = run_rft(cfg)
     if os.environ.get("RANK", "0") == "0":
         m = record["metrics"]
@@ -92,6 +97,8 @@ def register(sub) -> None:
     r.add_argument("--distributed", choices=["auto", "none", "ddp", "fsdp"], default=None)
     r.add_argument("--device", default=None)
     r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--export-flame", metavar="DUMP_DIR", default=None,
+                   help="write DUMP_DIR/flame_train_args.sh (DCP seed conversion + train.sh flags) instead of training")
     r.set_defaults(func=_cmd_rft)
 
     b = sub.add_parser("bench-rft", help="tokens/s and peak memory of RFT on the tiny models, with and without teacher")
