@@ -56,7 +56,8 @@ def _cmd_pretrain(args) -> int:
 
 
 def _cmd_prune(args) -> int:
-    from state_reduction.pruning.prune import PruneConfig, prune
+    from state_reduction.pruning.prune import PruneConfig, prune, prune_result
+    from state_reduction.results import write_result
 
     record = prune(PruneConfig(
         model=args.model, method=args.method, ratio=args.ratio, out=args.out, select=args.select,
@@ -66,6 +67,9 @@ def _cmd_prune(args) -> int:
     print(f"{record['model_type']}: {args.method} ({args.select}) kept {record['key_dim_after']}/{record['key_dim_before']} "
           f"channels per head; state {sb['before']} -> {sb['after']} bytes/sequence; {args.out} "
           f"({record['wall_time_s']} s)")
+    result = Path(args.out) / "prune_result.json"
+    write_result(result, prune_result(record, args.out, profile=args.profile, experiment=args.experiment))
+    print(f"result: {result}")
     return 0
 
 
@@ -156,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="round kept channels down to a power of two (fla pads K to one on GPU)")
     pr.add_argument("--out", required=True)
     pr.add_argument("--overwrite", action="store_true")
+    pr.add_argument("--experiment", default="prune", help="experiment name recorded in prune_result.json")
+    pr.add_argument("--profile", choices=["tiny", "paper"], default="tiny", help="profile recorded in the result")
     pr.add_argument("--data-dir", default=None)
     pr.set_defaults(func=_cmd_prune)
 

@@ -151,23 +151,14 @@ class _Runner:
         return folder
 
     def _prune(self, cell: Cell, config: dict, folder: Path) -> dict:
-        from state_reduction.pruning.prune import PruneConfig, prune
+        from state_reduction.pruning.prune import PruneConfig, prune, prune_result
 
-        with measure() as m:
-            record = prune(PruneConfig(
-                model=self.dense(cell.model)["path"], method=cell.method, ratio=cell.ratio, out=str(folder),
-                select=config["select"], calib=config["calib"], n_calib=config["n_calib"],
-                seq_len=config["seq_len"], seed=config["seed"], batch_size=config.get("batch_size", 8),
-                overwrite=True, data_dir=self.data_dir))
-        calibration = record.get("calibration") or {}
-        return build_result(
-            "prune", profile=self.profile, experiment=self.spec["experiment"], config=config,
-            metrics={"key_dim_before": record["key_dim_before"], "key_dim_after": record["key_dim_after"],
-                     "state_bytes_before": record["state_bytes_per_sequence"]["before"],
-                     "state_bytes_after": record["state_bytes_per_sequence"]["after"]},
-            model=model_entry(folder), data={calibration["corpus"]: calibration["sha256"]} if calibration else {},
-            seeds={"selection": config["seed"]}, wall_time_s=m["wall_time_s"],
-            extra={"selection_file": str(folder / "selection.json"), "calibration": calibration})
+        record = prune(PruneConfig(
+            model=self.dense(cell.model)["path"], method=cell.method, ratio=cell.ratio, out=str(folder),
+            select=config["select"], calib=config["calib"], n_calib=config["n_calib"],
+            seq_len=config["seq_len"], seed=config["seed"], batch_size=config.get("batch_size", 8),
+            overwrite=True, data_dir=self.data_dir))
+        return prune_result(record, folder, profile=self.profile, experiment=self.spec["experiment"], config=config)
 
     def run_prune(self, name: str, config: dict) -> dict:
         cell = self._cell(config)
@@ -239,9 +230,13 @@ def run_table(experiment: str, table: str, profile: str = "tiny", results_root=N
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile)
     if profile == "paper":
-        from state_reduction.evaluation.run import _require_hub
+        from state_reduction.evaluation.run import EvaluationError, _require_hub
 
-        _require_hub()
+        try:
+            _require_hub()
+        except EvaluationError as e:
+            raise PipelineError(f"profile 'paper' runs the paper's checkpoints and lm-eval tasks from the "
+                                f"Hugging Face hub; {e}. Use --profile tiny (make {table} PROFILE=tiny) here") from None
     import torch
 
     torch.manual_seed(0)

@@ -78,11 +78,14 @@ def _display_path(path: str | Path) -> str:
 
 
 def model_entry(model_dir: str | Path) -> dict:
-    """{path, weights_sha256} for a local checkpoint; a hub id (no such folder) gets weights_sha256 None."""
+    """{path, weights_sha256, tokenizer_sha256} for a local checkpoint; a hub id (no such folder) gets None
+    hashes (the hub revision is resolved at load time)."""
     p = Path(model_dir)
     if p.is_dir():
-        return {"path": _display_path(p), "weights_sha256": weights_sha256(p)}
-    return {"path": str(model_dir), "weights_sha256": None}
+        tok = p / "tokenizer.json"
+        tokenizer = hashlib.sha256(tok.read_bytes()).hexdigest() if tok.is_file() else None
+        return {"path": _display_path(p), "weights_sha256": weights_sha256(p), "tokenizer_sha256": tokenizer}
+    return {"path": str(model_dir), "weights_sha256": None, "tokenizer_sha256": None}
 
 
 def peak_memory() -> dict:

@@ -95,6 +95,11 @@ def test_existing_output_is_refused_unless_overwrite(tmp_path, capsys):
     assert main(["prune", str(CHECKPOINTS / "deltanet"), "--method", "l1", "--ratio", "0.5", "--out", str(out),
                  "--overwrite"]) == 0
     assert (out / "selection.json").is_file()
+    from state_reduction.results import read_result
+
+    result = read_result(out / "prune_result.json")  # the common result schema
+    assert result["kind"] == "prune" and result["metrics"]["key_dim_after"] == 32
+    assert result["model"]["weights_sha256"] and result["extra"]["dense_model"]["weights_sha256"]
 
 
 def test_checkpoint_of_another_architecture_is_named(tmp_path, capsys):

@@ -114,3 +114,20 @@ def prune(cfg: PruneConfig) -> dict:
 
     save_reduced(model, tokenizer, cfg.out, overwrite=cfg.overwrite, write_extra=write_selection)
     return record
+
+
+def prune_result(record: dict, folder, *, profile: str, experiment: str, config: dict | None = None) -> dict:
+    """The run of `prune` (its returned record, its output folder) as a result of the common schema."""
+    from state_reduction.results import build_result, model_entry
+
+    calibration = record.get("calibration") or {}
+    config = record["config"] if config is None else config
+    return build_result(
+        "prune", profile=profile, experiment=experiment, config=config,
+        metrics={"key_dim_before": record["key_dim_before"], "key_dim_after": record["key_dim_after"],
+                 "state_bytes_before": record["state_bytes_per_sequence"]["before"],
+                 "state_bytes_after": record["state_bytes_per_sequence"]["after"]},
+        model=model_entry(folder), data={calibration["corpus"]: calibration["sha256"]} if calibration else {},
+        seeds={"selection": record["config"]["seed"]}, wall_time_s=record["wall_time_s"],
+        extra={"selection_file": str(Path(folder) / "selection.json"), "calibration": calibration,
+               "dense_model": model_entry(record["config"]["model"])})
