@@ -166,8 +166,8 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {},
     "tiny": {
-        "profile": "tiny", "corpora": ["ptb", "wiki"], "steps": 40, "batch_size": 8, "seq_len": 128,
-        "lr": 1e-3, "warmup_steps": 4, "save_every": 20, "threads": 1,
+        "profile": "tiny", "corpora": ["ptb", "wiki"], "steps": 32, "batch_size": 8, "seq_len": 128,
+        "lr": 1e-3, "warmup_steps": 3, "save_every": 16, "threads": 1,
     },
 }
 
