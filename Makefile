@@ -45,3 +45,33 @@ $(LM_TABLES): setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Speed (paper G.1, Tables 17-19, Figure 4). Tiny profile: CPU benchmarks (torch references, 1 thread) run only
+# when their result file is missing, then the renderers. Paper profile: results come from a GPU machine
+# (scripts/gpu_check.sh, or `state-reduction bench ... --device cuda --profile paper`).
+.PHONY: table17 table18 table19 figure4
+SPEED_RESULTS := results/$(PROFILE)/speed
+BENCH := $(VENV)/bin/state-reduction bench
+TINY_CKPT := experiments/tiny_models/checkpoints
+
+$(SPEED_RESULTS)/decode_%_cpu.json: | setup
+	@test "$(PROFILE)" = tiny || { echo "$@ missing: paper-profile speed results are measured on a GPU (scripts/gpu_check.sh)"; exit 2; }
+	$(BENCH) decode --model $(TINY_CKPT)/$* --batch-sizes 1 4 16 64 --prompt-len 512 --warmup 5 --steps 20 --repeats 5 --out $@
+$(SPEED_RESULTS)/prefill_%_cpu.json: | setup
+	@test "$(PROFILE)" = tiny || { echo "$@ missing: paper-profile speed results are measured on a GPU (scripts/gpu_check.sh)"; exit 2; }
+	$(BENCH) prefill --model $(TINY_CKPT)/$* --grid 1x512 4x512 1x2k 4x2k --warmup 1 --steps 2 --repeats 3 --out $@
+$(SPEED_RESULTS)/mixer_gdn_cpu.json: | setup
+	@test "$(PROFILE)" = tiny || { echo "$@ missing: paper-profile speed results are measured on a GPU (scripts/gpu_check.sh)"; exit 2; }
+	$(BENCH) mixer --batch-sizes 1 2 --seq-len 512 --warmup 1 --steps 1 --repeats 3 --out $@
+$(SPEED_RESULTS)/recurrence_gdn_cpu.json: | setup
+	@test "$(PROFILE)" = tiny || { echo "$@ missing: paper-profile speed results are measured on a GPU (scripts/gpu_check.sh)"; exit 2; }
+	$(BENCH) recurrence --warmup 3 --steps 20 --repeats 5 --out $@
+
+table17: setup $(SPEED_RESULTS)/decode_gated_deltanet_cpu.json $(SPEED_RESULTS)/decode_deltanet_cpu.json
+	$(PY) paper_tables/table17.py --profile $(PROFILE)
+table18: setup $(SPEED_RESULTS)/prefill_gated_deltanet_cpu.json $(SPEED_RESULTS)/prefill_deltanet_cpu.json
+	$(PY) paper_tables/table18.py --profile $(PROFILE)
+table19: setup $(SPEED_RESULTS)/mixer_gdn_cpu.json $(SPEED_RESULTS)/recurrence_gdn_cpu.json
+	$(PY) paper_tables/table19.py --profile $(PROFILE)
+figure4: setup $(SPEED_RESULTS)/decode_gated_deltanet_cpu.json $(SPEED_RESULTS)/prefill_gated_deltanet_cpu.json
+	$(PY) paper_tables/figure4.py --profile $(PROFILE)

@@ -8,8 +8,15 @@ import torch
 from state_reduction.cli import main
 from state_reduction.provenance import REPO_ROOT
 from state_reduction.results import read_result, validate
-from state_reduction.speed.benchmarks import (BenchError, amdahl, bench_decode, bench_mixer, bench_prefill,
-                                              bench_recurrence, resolve_cuda_graphs)
+from state_reduction.speed.benchmarks import (
+    BenchError,
+    amdahl,
+    bench_decode,
+    bench_mixer,
+    bench_prefill,
+    bench_recurrence,
+    resolve_cuda_graphs,
+)
 from state_reduction.speed.memory import PeakMemory
 from state_reduction.speed.models import load_bench_model, reduced_copy
 from state_reduction.speed.timing import TimingProtocol

@@ -5,7 +5,13 @@ import torch
 
 from state_reduction.models.registry import build_config
 from state_reduction.pruning.selectors import keep_count
-from state_reduction.speed import largest_batch, parse_bytes, reduced_config, state_bytes, state_memory_rows
+from state_reduction.speed import (
+    largest_batch,
+    parse_bytes,
+    reduced_config,
+    state_bytes,
+    state_memory_rows,
+)
 
 
 def gdn_1p3b():

@@ -1,0 +1,59 @@
+"""Shared by the speed renderers (tables 17-19, figure 4): read bench results and the paper's transcribed numbers.
+
+Reads only result JSON (results/<profile>/speed/<mode>_*.json) and paper_tables/reference_data/table1[789].json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "paper_tables" / "out"
+FIGURES = ROOT / "figures"
+
+
+def load_results(profile: str, mode: str, make_target: str) -> list[dict]:
+    folder = ROOT / "results" / profile / "speed"
+    paths = sorted(folder.glob(f"{mode}_*.json"))
+    if not paths:
+        raise FileNotFoundError(f"no bench {mode} results in {folder}; run `make {make_target} PROFILE={profile}`")
+    results = []
+    for p in paths:
+        r = json.loads(p.read_text())
+        if r.get("schema") != "state-reduction/result" or r.get("kind") != "bench":
+            raise ValueError(f"{p}: not a bench result")
+        r["_path"] = str(p.relative_to(ROOT))
+        results.append(r)
+    return results
+
+
+def reference(table: int) -> dict:
+    return json.loads((ROOT / "paper_tables" / "reference_data" / f"table{table}.json").read_text())
+
+
+def label_of(r: dict) -> str:
+    """'gated_deltanet (CPU: ..., torch-reference-cpu)'."""
+    model = r["config"].get("model") or "Gated DeltaNet layer"
+    layers = r["config"].get("layers")
+    return f"{model}{f', {layers} layers' if layers else ''}"
+
+
+def ratio_label(row: dict) -> str:
+    return "Base" if row["label"] == "base" else (f"{round(row['ratio'] * 100)}%" if row["label"].startswith("r")
+                                                  else f"d_k {row['d_k']}")
+
+
+def tex_escape(s: str) -> str:
+    return s.replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
+
+
+def write(name: str, tex: str, md: str) -> list[Path]:
+    OUT.mkdir(parents=True, exist_ok=True)
+    paths = [OUT / f"{name}.tex", OUT / f"{name}.md"]
+    paths[0].write_text(tex)
+    paths[1].write_text(md)
+    return paths
+
+
+def fmt(v, spec=".2f", suffix="") -> str:
+    return "--" if v is None else f"{v:{spec}}{suffix}"
