@@ -31,8 +31,8 @@ def make_small_config(student, teacher, out, **overrides):
     """A few optimizer steps on 4 x 32 tokens: seconds on one CPU thread."""
     from state_reduction.rft import RFTConfig
 
-    settings = dict(steps=4, batch_size=4, seq_len=32, warmup_steps=1, save_every=2, lr=1e-3, corpora=["ptb"],
-                    progress=False, threads=1)
+    settings = {"steps": 4, "batch_size": 4, "seq_len": 32, "warmup_steps": 1, "save_every": 2, "lr": 1e-3,
+                "corpora": ["ptb"], "progress": False, "threads": 1, "resume": False}
     settings.update(overrides)
     return RFTConfig.tiny_preset(student, teacher, str(out), **settings)
 

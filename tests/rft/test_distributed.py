@@ -32,7 +32,7 @@ def test_two_gloo_processes_ddp_and_fsdp_match_one_process(tmp_path, pruned_delt
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(WORKER), pruned_deltanet, dense_deltanet, str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     single = small_config(pruned_deltanet, dense_deltanet, tmp_path / "single", steps=3, save_every=1)
     run_rft(single)

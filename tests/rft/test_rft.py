@@ -7,8 +7,12 @@ import torch
 from state_reduction.results import read_result
 from state_reduction.rft import RFTError, run_rft
 from state_reduction.rft import trainer as rft_trainer
-from state_reduction.rft.trainer import STATE_FILE, build_student, load_causal_lm, load_trainable_state
-
+from state_reduction.rft.trainer import (
+    STATE_FILE,
+    build_student,
+    load_causal_lm,
+    load_trainable_state,
+)
 
 
 def _state(out):
@@ -45,7 +49,7 @@ def merged_run(tmp_path_factory, pruned_deltanet, dense_deltanet, small_config):
 def test_merged_checkpoint_equals_the_unmerged_lora_model(merged_run, pruned_deltanet, small_config):
     from transformers import AutoModelForCausalLM
 
-    cfg, record = merged_run
+    cfg, _ = merged_run
     out = cfg.out
     peft_model = build_student(load_causal_lm(pruned_deltanet, "student"), cfg)
     load_trainable_state(peft_model, _state(Path(out))["trainable"])

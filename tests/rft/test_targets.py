@@ -1,10 +1,9 @@
 import pytest
 
+from state_reduction.provenance import REPO_ROOT
 from state_reduction.rft import RFTConfig, RFTError
 from state_reduction.rft.targets import resolve_lora_targets
 from state_reduction.rft.trainer import build_student, load_causal_lm
-
-from state_reduction.provenance import REPO_ROOT
 
 CHECKPOINTS = REPO_ROOT / "experiments" / "tiny_models" / "checkpoints"
 

@@ -17,7 +17,7 @@ def rft_point(student: str, teacher: str | None, out: str, steps: int, batch_siz
     from state_reduction.rft import RFTConfig, run_rft
 
     cfg = RFTConfig.tiny_preset(student, teacher, out, steps=steps, batch_size=batch_size, seq_len=seq_len,
-                                warmup_steps=1, save_every=steps, overwrite=True, wandb="disabled", progress=False,
+                                warmup_steps=1, save_every=steps, overwrite=True, resume=False, wandb="disabled", progress=False,
                                 threads=1)
     record = run_rft(cfg)
     m = record["metrics"]
@@ -41,7 +41,7 @@ def bench_rft(families, checkpoints: Path, steps: int = 5, batch_size: int = 4, 
                 code = ("import json; from state_reduction.rft.bench import rft_point; "
                         f"print('BENCH ' + json.dumps(rft_point({pruned!r}, {teacher!r}, {str(Path(tmp) / 'run')!r}, "
                         f"{steps}, {batch_size}, {seq_len})))")
-                proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+                proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
                 line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH ")), None)
                 if proc.returncode != 0 or line is None:
                     raise RuntimeError(f"bench-rft {family} (teacher={teacher is not None}) failed:\n{proc.stderr[-2000:]}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 
-
 def _cmd_rft(args) -> int:
     from state_reduction.rft.config import RFTConfig, RFTError, parse_overrides
     from state_reduction.rft.trainer import run_rft

@@ -168,6 +168,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "profile": "tiny", "corpora": ["ptb", "wiki"], "steps": 32, "batch_size": 8, "seq_len": 128,
         "lr": 1e-3, "warmup_steps": 3, "save_every": 16, "threads": 1,
+        "resume": True,  # a rerun (make) continues a killed run or returns the finished record
     },
 }
 

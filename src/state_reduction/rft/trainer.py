@@ -281,7 +281,10 @@ def _save_atomic(path: Path, obj) -> None:
 
 def _optimizer_state(model, optimizer, ctx: DistContext):
     if ctx.mode == "fsdp":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
 
         return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return optimizer.state_dict()
@@ -289,7 +292,10 @@ def _optimizer_state(model, optimizer, ctx: DistContext):
 
 def _load_optimizer_state(model, optimizer, state, ctx: DistContext) -> None:
     if ctx.mode == "fsdp":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
 
         set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
     else:
@@ -348,23 +354,26 @@ class _Logger:
 # --------------------------------------------------------------------------------------------- run
 
 def _prepare_out(cfg: RFTConfig, out: Path, ctx: DistContext) -> dict | None:
-    """Refuse to clobber a run; with resume, return the finished result of the same config, if any."""
+    """Refuse to clobber a run. overwrite: start over. resume: return the finished result of the same
+    config if there is one (else the checkpoint, if any, is continued)."""
     from state_reduction.results import read_result
 
     state_path = out / STATE_FILE
     result_path = out / RESULT_FILE
+    if cfg.overwrite:
+        if ctx.main:
+            for name in (STATE_FILE, RESULT_FILE, LOG_FILE):
+                (out / name).unlink(missing_ok=True)
+            shutil.rmtree(out / MODEL_DIR, ignore_errors=True)
+        ctx.barrier()
+        return None
     if cfg.resume and result_path.exists() and (out / MODEL_DIR).exists():
         record = read_result(result_path)
         if record.get("extra", {}).get("config_hash") == cfg.hash():
             return record
-    if state_path.exists() and not cfg.resume and not cfg.overwrite:
+    if state_path.exists() and not cfg.resume:
         raise RFTError(f"{out} holds an RFT checkpoint; pass resume (--resume) to continue it or overwrite "
                        "(--overwrite) to start over")
-    if cfg.overwrite and not cfg.resume and ctx.main:
-        for name in (STATE_FILE, RESULT_FILE, LOG_FILE):
-            (out / name).unlink(missing_ok=True)
-        shutil.rmtree(out / MODEL_DIR, ignore_errors=True)
-    ctx.barrier()
     return None
 
 
@@ -589,7 +598,7 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
 
 def _metrics(history: list[dict], cfg: RFTConfig, steps_here: int, train_s: float) -> dict:
     tail = history[-max(1, min(10, len(history))):]
-    avg = lambda k: float(np.mean([r[k] for r in tail]))  # noqa: E731
+    avg = lambda k: float(np.mean([r[k] for r in tail]))
     return {"final_loss": avg("loss"), "final_ce": avg("ce"), "final_kl": avg("kl"),
             "first_loss": history[0]["loss"], "first_ce": history[0]["ce"], "last_loss": history[-1]["loss"],
             "steps": len(history), "tokens": len(history) * cfg.batch_size * cfg.seq_len,
