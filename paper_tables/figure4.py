@@ -13,15 +13,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from speed_common import FIGURES, label_of, load_results, reference
+from speed_common import FIGURES, label_of, load_results, merge_by_model, reference
 
 COLOURS = {"r50": "tab:blue", "r75": "tab:red"}
 NAMES = {"r50": "50%", "r75": "75%"}
 
 
 def render(profile: str):
-    decode = load_results(profile, "decode", "figure4")
-    prefill = load_results(profile, "prefill", "figure4")
+    decode = merge_by_model(load_results(profile, "decode", "figure4"))
+    prefill = merge_by_model(load_results(profile, "prefill", "figure4"))
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
 
     p17 = reference(17)["rows"]

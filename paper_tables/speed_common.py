@@ -57,3 +57,19 @@ def write(name: str, tex: str, md: str) -> list[Path]:
 
 def fmt(v, spec=".2f", suffix="") -> str:
     return "--" if v is None else f"{v:{spec}}{suffix}"
+
+
+def merge_by_model(results: list[dict]) -> list[dict]:
+    """One entry per (model, hardware, backend): results split over several runs (e.g. scripts/gpu_check.sh runs
+    batch 64 apart from batches 1 and 16) are shown as one column group; later files win for a repeated cell."""
+    merged: dict[tuple, dict] = {}
+    for r in results:
+        key = (label_of(r), r["extra"]["hardware"], r["extra"]["backend"])
+        if key not in merged:
+            merged[key] = {**r, "extra": {**r["extra"], "rows": list(r["extra"]["rows"]),
+                                          "skipped": list(r["extra"].get("skipped", []))}}
+        else:
+            m = merged[key]["extra"]
+            m["rows"] += r["extra"]["rows"]
+            m["skipped"] += r["extra"].get("skipped", [])
+    return list(merged.values())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from speed_common import fmt, label_of, load_results, reference, tex_escape, write
+from speed_common import fmt, label_of, load_results, merge_by_model, reference, tex_escape, write
 
 
 def measured(r: dict) -> dict[int, dict[str, float]]:
@@ -24,7 +24,7 @@ def measured(r: dict) -> dict[int, dict[str, float]]:
 
 
 def render(profile: str):
-    results = load_results(profile, "decode", "table17")
+    results = merge_by_model(load_results(profile, "decode", "table17"))
     paper = {row["batch"]: row for row in reference(17)["rows"]}
     ours = [(r, measured(r)) for r in results]
     batches = sorted(set(paper) | {b for _, m in ours for b in m})

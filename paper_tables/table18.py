@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from speed_common import fmt, label_of, load_results, reference, tex_escape, write
+from speed_common import fmt, label_of, load_results, merge_by_model, reference, tex_escape, write
 
 
 def tokens(t: int) -> str:
@@ -16,7 +16,7 @@ def tokens(t: int) -> str:
 
 
 def render(profile: str):
-    results = load_results(profile, "prefill", "table18")
+    results = merge_by_model(load_results(profile, "prefill", "table18"))
     paper = {(r["batch"], r["seq_len"]): r for r in reference(18)["rows"]}
     ours = []
     for r in results:

@@ -193,18 +193,20 @@ def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v:
     Amdahl bound 1 / ((1 - s) + s / (d_k / d_k')) that an ideal d_k-proportional recurrence would give."""
     t_start = time.perf_counter()
     device = resolve_device(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # as the models run; states stay fp32
     vs = variants(d_k, ratios)
     rows, metrics = [], {}
     with torch.no_grad():
         if "recurrence" in levels:
             fn = _recurrence_fn(device)
-            inputs = {label: _recurrence_inputs(batch, num_heads, k, d_v, device, torch.float32, seed) for label, k in vs}
+            inputs = {label: _recurrence_inputs(batch, num_heads, k, d_v, device, dtype, seed) for label, k in vs}
             samples = time_interleaved({label: (lambda x=inputs[label]: fn(**x)) for label, _ in vs}, protocol, device)
             rows += _level_rows("recurrence", vs, samples, d_k, share=1.0)
         if "layer" in levels or "model" in levels:
             if model not in ("gdn-1.3b",) and not os.path.isdir(model):
                 raise BenchError(f"recurrence levels layer/model need a Gated DeltaNet model, got {model!r}")
-            base, desc = load_bench_model(model, layers=layers if model == "gdn-1.3b" else None, device=device, seed=seed)
+            base, desc = load_bench_model(model, layers=layers if model == "gdn-1.3b" else None, device=device,
+                                          dtype=dtype, seed=seed)
             models = {label: (base if k == d_k else reduced_copy(base, k)) for label, k in vs}
             vocab = base.config.vocab_size
             prompt = torch.randint(0, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(seed)).to(device)
@@ -232,7 +234,7 @@ def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v:
             metrics[f"{r['level']}_recurrence_share"] = r["recurrence_share"]
     config = {"batch": batch, "num_heads": num_heads, "d_v": d_v, "d_k": d_k, "ratios": list(ratios), "model": model, "layers": layers,
                   "prompt_len": prompt_len, "levels": list(levels), "protocol": asdict(protocol),
-                  "model_protocol": asdict(model_protocol), "seed": seed}
+                  "model_protocol": asdict(model_protocol), "seed": seed, "dtype": str(dtype).removeprefix("torch.")}
     return _record("recurrence", profile=profile, config=config, rows=rows, metrics=metrics, device=device,
                    wall=time.perf_counter() - t_start)
 
