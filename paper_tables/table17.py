@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import argparse
 
-from speed_common import fmt, label_of, load_results, merge_by_model, reference, tex_escape, write
+from speed_common import (
+    fmt,
+    label_of,
+    load_results,
+    merge_by_model,
+    reference,
+    tex_escape,
+    write,
+)
 
 
 def measured(r: dict) -> dict[int, dict[str, float]]:
