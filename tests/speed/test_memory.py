@@ -103,3 +103,17 @@ def test_parse_bytes(text, value):
 def test_parse_bytes_rejects(text):
     with pytest.raises(ValueError, match="memory size"):
         parse_bytes(text)
+
+
+def test_prune_power_of_two_keeps_a_power_of_two(tmp_path):
+    from state_reduction.cli import build_parser
+    from state_reduction.provenance import REPO_ROOT
+    from state_reduction.pruning.prune import PruneConfig, prune
+
+    args = build_parser().parse_args(["prune", "m", "--method", "l1", "--ratio", "0.4", "--out", "x", "--power-of-two"])
+    assert args.power_of_two is True
+    torch.set_num_threads(1)
+    model = str(REPO_ROOT / "experiments" / "tiny_models" / "checkpoints" / "gated_deltanet")
+    record = prune(PruneConfig(model=model, method="l1", ratio=0.4, out=str(tmp_path / "p"), power_of_two=True))
+    assert (record["key_dim_before"], record["key_dim_after"]) == (64, 32)  # floor(0.6 * 64) = 38 -> 32
+    assert record["state_bytes_per_sequence"]["after"] * 2 == record["state_bytes_per_sequence"]["before"]
