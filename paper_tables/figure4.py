@@ -7,21 +7,21 @@ writes figures/figure4_<profile>.png and .pdf."""
 
 from __future__ import annotations
 
-import argparse
+from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from speed_common import FIGURES, label_of, load_results, merge_by_model, reference
+from speed_common import FIGURES, cli, label_of, load_results, merge_by_model, reference
 
 COLOURS = {"r50": "tab:blue", "r75": "tab:red"}
 NAMES = {"r50": "50%", "r75": "75%"}
 
 
-def render(profile: str):
-    decode = merge_by_model(load_results(profile, "decode", "figure4"))
-    prefill = merge_by_model(load_results(profile, "prefill", "figure4"))
+def render(profile: str, results_root=None, out_dir=None):
+    decode = merge_by_model(load_results(profile, "decode", "figure4", results_root))
+    prefill = merge_by_model(load_results(profile, "prefill", "figure4", results_root))
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
 
     p17 = reference(17)["rows"]
@@ -64,15 +64,13 @@ def render(profile: str):
     hardware = "; ".join(sorted({r["extra"]["hardware"] for r in decode + prefill}))
     fig.suptitle(f"Figure 4 ({profile} profile). Ours: {hardware}. Paper: H100-SXM", fontsize=9)
     fig.tight_layout()
-    FIGURES.mkdir(parents=True, exist_ok=True)
-    paths = [FIGURES / f"figure4_{profile}.png", FIGURES / f"figure4_{profile}.pdf"]
+    out_dir = Path(out_dir or FIGURES)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"figure4_{profile}.png", out_dir / f"figure4_{profile}.pdf"]
     for p in paths:
         fig.savefig(p, dpi=150)
     return paths
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
-    for path in render(ap.parse_args().profile):
-        print(path)
+    cli(__doc__, render)

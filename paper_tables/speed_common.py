@@ -12,8 +12,8 @@ OUT = ROOT / "paper_tables" / "out"
 FIGURES = ROOT / "figures"
 
 
-def load_results(profile: str, mode: str, make_target: str) -> list[dict]:
-    folder = ROOT / "results" / profile / "speed"
+def load_results(profile: str, mode: str, make_target: str, results_root: Path | None = None) -> list[dict]:
+    folder = Path(results_root or ROOT / "results") / profile / "speed"
     paths = sorted(folder.glob(f"{mode}_*.json"))
     if not paths:
         raise FileNotFoundError(f"no bench {mode} results in {folder}; run `make {make_target} PROFILE={profile}`")
@@ -22,9 +22,22 @@ def load_results(profile: str, mode: str, make_target: str) -> list[dict]:
         r = json.loads(p.read_text())
         if r.get("schema") != "state-reduction/result" or r.get("kind") != "bench":
             raise ValueError(f"{p}: not a bench result")
-        r["_path"] = str(p.relative_to(ROOT))
+        r["_path"] = str(p)
         results.append(r)
     return results
+
+
+def cli(doc: str, render) -> None:
+    """The renderers' command line: --profile, --results-root, --out-dir."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
+    ap.add_argument("--results-root", default=None, help="default: results/ of this repository")
+    ap.add_argument("--out-dir", default=None, help="default: paper_tables/out (tables) or figures/ (figure 4)")
+    args = ap.parse_args()
+    for path in render(args.profile, results_root=args.results_root, out_dir=args.out_dir):
+        print(path)
 
 
 def reference(table: int) -> dict:
@@ -47,9 +60,10 @@ def tex_escape(s: str) -> str:
     return s.replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
 
 
-def write(name: str, tex: str, md: str) -> list[Path]:
-    OUT.mkdir(parents=True, exist_ok=True)
-    paths = [OUT / f"{name}.tex", OUT / f"{name}.md"]
+def write(name: str, tex: str, md: str, out_dir: Path | None = None) -> list[Path]:
+    out_dir = Path(out_dir or OUT)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.tex", out_dir / f"{name}.md"]
     paths[0].write_text(tex)
     paths[1].write_text(md)
     return paths

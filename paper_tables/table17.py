@@ -6,9 +6,8 @@ paper_tables/out/table17_<profile>.tex and .md."""
 
 from __future__ import annotations
 
-import argparse
-
 from speed_common import (
+    cli,
     fmt,
     label_of,
     load_results,
@@ -31,8 +30,8 @@ def measured(r: dict) -> dict[int, dict[str, float]]:
     return out
 
 
-def render(profile: str):
-    results = merge_by_model(load_results(profile, "decode", "table17"))
+def render(profile: str, results_root=None, out_dir=None):
+    results = merge_by_model(load_results(profile, "decode", "table17", results_root))
     paper = {row["batch"]: row for row in reference(17)["rows"]}
     ours = [(r, measured(r)) for r in results]
     batches = sorted(set(paper) | {b for _, m in ours for b in m})
@@ -66,11 +65,8 @@ def render(profile: str):
                      rf" & {groups} \\", rf"$B$ & {sub} \\", r"\midrule", *tex_rows, r"\bottomrule",
                      r"\end{tabular}", r"\end{table}", ""])
     md_text = "\n".join([f"Table 17 ({profile}): full-model decode. {hardware}. Paper: H100-SXM.", "", *md, ""])
-    return write(f"table17_{profile}", tex, md_text)
+    return write(f"table17_{profile}", tex, md_text, out_dir)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
-    for path in render(ap.parse_args().profile):
-        print(path)
+    cli(__doc__, render)

@@ -6,9 +6,8 @@ paper_tables/out/table18_<profile>.tex and .md."""
 
 from __future__ import annotations
 
-import argparse
-
 from speed_common import (
+    cli,
     fmt,
     label_of,
     load_results,
@@ -23,8 +22,8 @@ def tokens(t: int) -> str:
     return f"{t // 1024}K" if t % 1024 == 0 else str(t)
 
 
-def render(profile: str):
-    results = merge_by_model(load_results(profile, "prefill", "table18"))
+def render(profile: str, results_root=None, out_dir=None):
+    results = merge_by_model(load_results(profile, "prefill", "table18", results_root))
     paper = {(r["batch"], r["seq_len"]): r for r in reference(18)["rows"]}
     ours = []
     for r in results:
@@ -67,11 +66,8 @@ def render(profile: str):
                      r"\end{table}", ""])
     md_text = "\n".join([f"Table 18 ({profile}): full-model prefill speedup. {hardware}. Paper: H100-SXM.", "", *md, "",
                          *[f"- {s}" for s in skipped], ""])
-    return write(f"table18_{profile}", tex, md_text)
+    return write(f"table18_{profile}", tex, md_text, out_dir)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
-    for path in render(ap.parse_args().profile):
-        print(path)
+    cli(__doc__, render)

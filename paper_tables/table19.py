@@ -8,9 +8,9 @@ paper_tables/out/table19_<profile>.tex and .md."""
 
 from __future__ import annotations
 
-import argparse
+from pathlib import Path
 
-from speed_common import ROOT, fmt, load_results, reference, tex_escape, write
+from speed_common import ROOT, cli, fmt, load_results, reference, tex_escape, write
 
 
 def mixer_rows(results: list[dict]) -> tuple[list[list[str]], list[str]]:
@@ -60,16 +60,16 @@ def table(caption: str, head: list[str], rows: list[list[str]]) -> tuple[str, st
     return tex, md
 
 
-def render(profile: str):
-    mixer, notes = mixer_rows(load_results(profile, "mixer", "table19"))
+def render(profile: str, results_root=None, out_dir=None):
+    mixer, notes = mixer_rows(load_results(profile, "mixer", "table19", results_root))
     head = ["B", "reduction", "d_k", "d_k padded (fla)", "paper speedup", "paper VRAM ratio", "our speedup",
             "our peak ratio", "our ms"]
     cap = (f"Gated DeltaNet sequence mixer alone, prefill, against the unreduced layer at the same batch. Paper: "
            f"1.3B shape on an NVIDIA H100 (T 2048). Ours ({profile} profile): {'; '.join(notes)}.")
     tex, md = table(tex_escape(cap), head, mixer)
     md = f"Table 19 ({profile}): {cap}\n\n{md}"
-    if list((ROOT / "results" / profile / "speed").glob("recurrence_*.json")):
-        rec, rnotes = recurrence_rows(load_results(profile, "recurrence", "table19"))
+    if list((Path(results_root or ROOT / "results") / profile / "speed").glob("recurrence_*.json")):
+        rec, rnotes = recurrence_rows(load_results(profile, "recurrence", "table19", results_root))
         rhead = ["level", "d_k", "ms/step", "speedup", "state bound", "recurrence share", "Amdahl bound"]
         rcap = ("One decode step, baseline vs reduced d_k, measured side by side: the gated-delta-rule recurrence "
                 "alone (state update and readout), one mixer layer, the whole model; Amdahl bound = "
@@ -77,11 +77,8 @@ def render(profile: str):
         rtex, rmd = table(tex_escape(rcap), rhead, rec)
         tex += "\n" + rtex
         md += f"\nDecode step ({profile}): {rcap}\n\n{rmd}"
-    return write(f"table19_{profile}", tex, md)
+    return write(f"table19_{profile}", tex, md, out_dir)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
-    for path in render(ap.parse_args().profile):
-        print(path)
+    cli(__doc__, render)
