@@ -157,3 +157,15 @@ def test_cli_bad_input_is_one_line_and_exit_code_2(tmp_path, pruned_deltanet, ch
     rc = main(["rft", pruned_deltanet, "--no-teacher", "--out", str(tmp_path / "y"), "--set", "lora_targets=[q_conv1d]"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and "ShortConvolution" in err[-1]
+
+
+def test_cli_registers_rft_and_bench_rft():
+    from state_reduction.cli import build_parser
+    from state_reduction.rft.bench import format_rft_bench
+
+    args = build_parser().parse_args(["rft", "s", "--teacher", "t", "--out", "o", "--rank", "8", "--set", "kd_weight=0.5"])
+    assert args.rank == 8 and args.overrides == ["kd_weight=0.5"]
+    args = build_parser().parse_args(["bench-rft", "--families", "deltanet,mamba2"])
+    assert args.families == ["deltanet", "mamba2"]
+    row = {"family": "deltanet", "teacher": True, "tokens_per_s": 1000.0, "peak_rss_bytes": 2**29, "final_loss": 5.0}
+    assert "deltanet" in format_rft_bench([row]) and "512.0" in format_rft_bench([row])

@@ -40,14 +40,14 @@ def _cmd_rft(args) -> int:
 def _cmd_bench_rft(args) -> int:
     from state_reduction.results import build_result, write_result
     from state_reduction.rft.bench import bench_rft, format_rft_bench
-    from state_reduction.table20 import TINY_CHECKPOINTS
+    from state_reduction.provenance import REPO_ROOT
 
     config = {"families": args.families, "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
               "method": "l1", "ratio": 0.5, "threads": 1, "device": "cpu"}
     import time
 
     t0 = time.time()
-    rows = bench_rft(args.families, TINY_CHECKPOINTS, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len)
+    rows = bench_rft(args.families, REPO_ROOT / "experiments" / "tiny_models" / "checkpoints", steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len)
     print(f"RFT on the tiny models (L1 50%), CPU, 1 thread, batch {args.batch_size} x {args.seq_len} tokens, "
           f"{args.steps} steps; peak RSS of a fresh process")
     print(format_rft_bench(rows))
