@@ -169,3 +169,12 @@ def test_cli_registers_rft_and_bench_rft():
     assert args.families == ["deltanet", "mamba2"]
     row = {"family": "deltanet", "teacher": True, "tokens_per_s": 1000.0, "peak_rss_bytes": 2**29, "final_loss": 5.0}
     assert "deltanet" in format_rft_bench([row]) and "512.0" in format_rft_bench([row])
+
+
+def test_micro_batches_accumulate_to_the_full_batch(tmp_path, pruned_deltanet, dense_deltanet, small_config):
+    run_rft(small_config(pruned_deltanet, dense_deltanet, tmp_path / "full", steps=2, save_every=2))
+    run_rft(small_config(pruned_deltanet, dense_deltanet, tmp_path / "micro", steps=2, save_every=2, micro_batch_size=2))
+    a, b = _state(tmp_path / "full"), _state(tmp_path / "micro")
+    for ra, rb in zip(a["history"], b["history"]):
+        assert abs(ra["loss"] - rb["loss"]) <= 1e-5 * ra["loss"]
+    assert max((a["trainable"][k] - b["trainable"][k]).abs().max().item() for k in a["trainable"]) <= 1e-5
