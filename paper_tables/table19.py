@@ -40,9 +40,10 @@ def recurrence_rows(results: list[dict]) -> tuple[list[list[str]], list[str]]:
     for r in results:
         c = r["config"]
         notes.append(f"{r['extra']['hardware']} ({r['extra']['backend']}): batch {c['batch']}, {c['num_heads']} heads, "
-                     f"d_v {c['d_v']}; model = {c['model']} with {c['layers']} layers")
+                     f"d_v {c['d_v']}; model = {c['model']} with {c['layers']} layers; allocator {c.get('malloc', 'default')}")
         for row in r["extra"]["rows"]:
-            rows.append([row["level"], str(row["d_k"]), fmt(row["ms"], ".3f"), fmt(row["speedup"], suffix="x"),
+            level = row["level"] + (" (heap malloc)" if c.get("malloc", "default") != "default" else "")
+            rows.append([level, str(row["d_k"]), fmt(row["ms"], ".3f"), fmt(row["speedup"], suffix="x"),
                          fmt(row["state_bound"], ".1f", "x"), fmt(row["recurrence_share"], ".3f"),
                          fmt(row["amdahl_bound"], suffix="x")])
     return rows, notes

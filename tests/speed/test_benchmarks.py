@@ -143,3 +143,8 @@ def test_cli_errors(tmp_path, capsys):
     assert main(["bench", "state-memory", "--models", "no-such-model"]) == 2
     assert "neither a preset" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_recurrence_levels_are_checked():
+    with pytest.raises(BenchError, match="levels must be"):
+        bench_recurrence(levels=("kernel",), protocol=ONCE)

@@ -106,6 +106,21 @@ def _record(mode: str, *, profile: str, config: dict, rows: list[dict], metrics:
                                                  "backend": backend_label(device), "rows": rows, **(extra or {})})
 
 
+def use_heap_allocations() -> str:
+    """glibc: serve large blocks from the heap instead of a fresh mmap each (mallopt M_MMAP_THRESHOLD 1 GiB, no
+    trimming). By default every freed block above 32 MiB (a [64, 16, 128, 128] fp32 state is 64 MiB) is unmapped
+    and the next one page-faults back in, so the torch reference's decode step then measures the kernel's page
+    faults as much as state traffic. Process-wide and irreversible: for a dedicated benchmark process."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    if not (libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, (1 << 31) - 1)):
+        raise BenchError("mallopt refused the heap-only setting (not glibc?)")
+    return "heap (glibc mmap threshold 1 GiB, no trim)"
+
+
 def amdahl(share: float, speedup: float) -> float:
     """Whole-program speedup when a part taking `share` of the time becomes `speedup` times faster."""
     return 1.0 / ((1.0 - share) + share / speedup)
@@ -186,7 +201,8 @@ def _share(step, device, protocol: TimingProtocol) -> float:
 def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v: int = 128, d_k: int = 128,
                      ratios=(0.5, 0.75), model: str = "gdn-1.3b", layers: int = 2, prompt_len: int = 16,
                      protocol: TimingProtocol = RECURRENCE_PROTOCOL, model_protocol: TimingProtocol = MODEL_STEP_PROTOCOL,
-                     levels=("recurrence", "layer", "model"), profile: str = "tiny", seed: int = 0) -> dict:
+                     levels=("recurrence", "layer", "model"), malloc_heap: bool = False, profile: str = "tiny",
+                     seed: int = 0) -> dict:
     """One decode step at three levels, baseline vs reduced d_k: the recurrence alone (state update + readout),
     one Gated DeltaNet mixer layer (projections, conv, gate, norm, o_proj), and a 1.3B-shaped model with `layers`
     layers. The layer and model levels report the recurrence's measured share s of the baseline step and the
@@ -194,6 +210,10 @@ def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v:
     t_start = time.perf_counter()
     device = resolve_device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # as the models run; states stay fp32
+    unknown = set(levels) - {"recurrence", "layer", "model"}
+    if unknown or not levels:
+        raise BenchError(f"levels must be a non-empty subset of recurrence, layer, model; got {list(levels)}")
+    malloc = use_heap_allocations() if malloc_heap and device.type == "cpu" else "default"
     vs = variants(d_k, ratios)
     rows, metrics = [], {}
     with torch.no_grad():
@@ -234,7 +254,8 @@ def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v:
             metrics[f"{r['level']}_recurrence_share"] = r["recurrence_share"]
     config = {"batch": batch, "num_heads": num_heads, "d_v": d_v, "d_k": d_k, "ratios": list(ratios), "model": model, "layers": layers,
                   "prompt_len": prompt_len, "levels": list(levels), "protocol": asdict(protocol),
-                  "model_protocol": asdict(model_protocol), "seed": seed, "dtype": str(dtype).removeprefix("torch.")}
+                  "model_protocol": asdict(model_protocol), "seed": seed, "dtype": str(dtype).removeprefix("torch."),
+              "malloc": malloc}
     return _record("recurrence", profile=profile, config=config, rows=rows, metrics=metrics, device=device,
                    wall=time.perf_counter() - t_start)
 

@@ -96,8 +96,8 @@ def _cmd_bench(args) -> int:
         record = sb.bench_recurrence(device=args.device, batch=args.batch_sizes[0] if args.batch_sizes else 64,
                                      layers=args.layers or 2, ratios=ratios, protocol=_protocol(args),
                                      model_protocol=sb.TimingProtocol(args.warmup, max(1, args.steps // 10), args.repeats),
-                                     profile=args.profile)
-        tag = "gdn"
+                                     levels=tuple(args.levels), malloc_heap=args.malloc_heap, profile=args.profile)
+        tag = "gdn_heap" if args.malloc_heap else "gdn"
     elif args.mode == "mixer":
         record = sb.bench_mixer(device=args.device, batches=tuple(args.batch_sizes or (1, 2)), seq_len=args.seq_len or 512,
                                 ratios=ratios, keeps=tuple(args.keep if args.keep is not None else (96, 80, 77)),
@@ -203,6 +203,10 @@ def register(sub) -> None:
     be.add_argument("--warmup", type=int, default=2, help="warm-up steps per repetition (paper 10)")
     be.add_argument("--steps", type=int, default=5, help="measured steps per repetition (paper 100)")
     be.add_argument("--repeats", type=int, default=3, help="repetitions; the median is reported (paper 3)")
+    be.add_argument("--levels", nargs="+", default=["recurrence", "layer", "model"],
+                    help="recurrence: what to time (recurrence alone, one mixer layer, the model)")
+    be.add_argument("--malloc-heap", action="store_true",
+                    help="recurrence on CPU: large blocks from the heap, not a fresh mmap per state tensor (glibc)")
     be.add_argument("--memory-budget", default=None, help="prefill: skip cells estimated above this (default: free memory)")
     be.add_argument("--budget", default=None, help="state-memory: memory for recurrent states, e.g. 80GiB")
     be.add_argument("--fixed", default=None, help="state-memory: bytes taken before states (e.g. weights), e.g. 2.6GiB")
