@@ -49,3 +49,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], protocol: TimingProto
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+def paired_speedup(samples: dict[str, list[float]], label: str, base: str = "base") -> float:
+    """Median over repetitions of base time / variant time. Within a repetition the variants run next to each
+    other, so each ratio is taken under the same machine load; the ratio of medians is not (shared machines)."""
+    return statistics.median(b / v for b, v in zip(samples[base], samples[label], strict=True))
