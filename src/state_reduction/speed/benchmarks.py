@@ -239,7 +239,8 @@ def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v:
             token = prompt[:, -1:]
             caches = {label: m(input_ids=prompt, use_cache=True).past_key_values for label, m in models.items()}
             if "layer" in levels:
-                hidden = torch.randn(batch, 1, base.config.hidden_size, generator=torch.Generator().manual_seed(seed)).to(device)
+                hidden = torch.randn(batch, 1, base.config.hidden_size,
+                                     generator=torch.Generator().manual_seed(seed)).to(device, dtype)
                 steps = {label: (lambda m=m, c=caches[label]: m.model.layers[0].attn(hidden, past_key_values=c, use_cache=True))
                          for label, m in models.items()}
                 share = _share(steps["base"], device, protocol)
