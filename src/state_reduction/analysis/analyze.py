@@ -1,0 +1,208 @@
+"""`analyze`: rank utilisation of the recurrent states, subspace conditioning of a selection, channel overlap of
+two selections, utilisation before vs after pruning, conv filter similarity; one `analyze` result."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from state_reduction.analysis.conv import filter_similarity, qk_conv_filters
+from state_reduction.analysis.rank import check_divisor, effective_rank_from_singular_values, utilization_divisor
+from state_reduction.analysis.selection import (
+    LoadedSelection,
+    as_key_channel_selections,
+    channel_overlap,
+    check_fits,
+    load_selection,
+    median,
+    pearson,
+    subspace_conditioning,
+)
+from state_reduction.analysis.states import capture_kernel_inputs, states_at
+
+
+@dataclass
+class AnalyzeConfig:
+    model: str
+    selection: str | None = None
+    compare: str | None = None
+    calib: str = "ptb"
+    n_calib: int = 4
+    seq_len: int = 256
+    seed: int = 0
+    stride: int = 16  # states are analysed at every stride-th token
+    divisor: str = "dk"  # see analysis/rank.py; "min" is the authors' min(d_k, d_v)
+    ignore_decay: bool = False  # True reproduces the authors' delta-rule-only recurrence for gated models
+    batch_size: int = 4
+    data_dir: str | None = None
+
+
+def recurrent_adapter(model_or_config, name: str):
+    """The key-channel adapter, or an error naming the model type when the model has no recurrent layers."""
+    from state_reduction.pruning.adapters import ADAPTERS, get_adapter
+
+    try:
+        return get_adapter(model_or_config)
+    except KeyError:
+        config = getattr(model_or_config, "config", model_or_config)
+        raise ValueError(
+            f"analyze: {name} is a {getattr(config, 'model_type', None)!r} model without reducible recurrent "
+            f"(linear-attention / SSM) layers; analyze supports {', '.join(ADAPTERS)}") from None
+
+
+def state_statistics(model, adapter, windows: torch.Tensor, stride: int = 16, divisor: str = "dk",
+                     batch_size: int = 4, ignore_decay: bool = False) -> dict[int, dict]:
+    """Per layer and state head: mean er and u of S_t over sequences and sampled tokens, the spectrum
+    sigma_i / sigma_1 averaged over the same states, and how many states were degenerate (all zero)."""
+    check_divisor(divisor)
+    acc: dict[int, dict] = {}
+    for i in range(0, windows.shape[0], batch_size):
+        captured = capture_kernel_inputs(model, adapter, windows[i:i + batch_size])
+        for layer, inputs in captured.items():
+            st = states_at(inputs, stride, ignore_decay=ignore_decay)  # [B, n, HV, K, V]
+            d_k, d_v = st.shape[-2:]
+            sv = torch.linalg.svdvals(st)  # [B, n, HV, r]
+            er, degenerate = effective_rank_from_singular_values(sv)
+            ok = (~degenerate).double()
+            norm_sv = sv / sv[..., :1].clamp_min(1e-300) * ok[..., None]
+            a = acc.setdefault(layer, {"d_k": d_k, "d_v": d_v, "er": 0, "er2": 0, "n": 0, "deg": 0, "spec": 0, "raw": 0})
+            a["er"] = a["er"] + (er * ok).sum((0, 1))
+            a["er2"] = a["er2"] + (er.square() * ok).sum((0, 1))
+            a["n"] = a["n"] + ok.sum((0, 1))
+            a["deg"] = a["deg"] + degenerate.sum((0, 1))
+            a["spec"] = a["spec"] + norm_sv.sum((0, 1))
+            a["raw"] = a["raw"] + (sv * ok[..., None]).sum((0, 1))
+    out = {}
+    for layer, a in sorted(acc.items()):
+        d = utilization_divisor(a["d_k"], a["d_v"], divisor)
+        heads = []
+        for h in range(a["n"].shape[0]):
+            n, deg = int(a["n"][h]), int(a["deg"][h])
+            if n == 0:
+                heads.append({"er": None, "u": None, "u_std": None, "spectrum": None, "spectrum_raw": None,
+                              "n_states": 0, "n_degenerate": deg, "degenerate": True})
+                continue
+            er_mean = float(a["er"][h]) / n
+            er_var = max(float(a["er2"][h]) / n - er_mean ** 2, 0.0)
+            heads.append({"er": er_mean, "u": er_mean / d, "u_std": er_var ** 0.5 / d,
+                          "spectrum": [round(float(x) / n, 6) for x in a["spec"][h]],
+                          "spectrum_raw": [round(float(x) / n, 6) for x in a["raw"][h]],
+                          "n_states": n, "n_degenerate": deg, "degenerate": False})
+        us = [x["u"] for x in heads if x["u"] is not None]
+        out[layer] = {"d_k": a["d_k"], "d_v": a["d_v"], "divisor": d, "heads": heads,
+                      "u_mean": sum(us) / len(us) if us else None,
+                      "degenerate_heads": [h for h, x in enumerate(heads) if x["degenerate"]]}
+    return out
+
+
+def _flat(stats: dict[int, dict], key: str = "u") -> list[float | None]:
+    return [h[key] for layer in sorted(stats) for h in stats[layer]["heads"]]
+
+
+def _summary(values: list[float | None]) -> dict:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
+    t = torch.tensor(vals, dtype=torch.float64)
+    return {"mean": float(t.mean()), "std": float(t.std(unbiased=False)), "min": float(t.min()),
+            "max": float(t.max()), "n": len(vals)}
+
+
+def conditioning(calibration: dict, keep: dict[int, torch.Tensor] | None) -> dict:
+    """Table 6 per layer and head, and the medians over all heads (kappa: median of per-head ratios)."""
+    per_layer = {}
+    for layer, s in sorted(calibration.items()):
+        gram = s.gram_q + s.gram_k  # M^T M with M = [Q; K], 2N rows
+        per_layer[layer] = subspace_conditioning(gram, 2 * s.n_tokens, None if keep is None else keep[layer])
+    heads = [h for layer in per_layer.values() for h in layer]
+    return {"per_layer": {str(k): v for k, v in per_layer.items()},
+            "median": {k: median([h[k] for h in heads]) for k in ("sigma_min", "sigma_max", "kappa")},
+            "degenerate_heads": sum(h["degenerate"] for h in heads)}
+
+
+def _load(path: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import state_reduction  # noqa: F401  (Auto-class registration)
+
+    adapter = recurrent_adapter(AutoConfig.from_pretrained(path), path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.eval()
+    return model, adapter
+
+
+def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "analysis") -> dict:
+    from transformers import AutoTokenizer
+
+    from state_reduction.backend import install_cpu_backend
+    from state_reduction.data import sample_sequences
+    from state_reduction.pruning.calibration import calibrate
+    from state_reduction.pruning.surgery import reduce_model
+    from state_reduction.results import build_result, model_entry
+
+    check_divisor(cfg.divisor)
+    if cfg.compare and not cfg.selection:
+        raise ValueError("analyze: --compare OTHER needs --selection (the overlap is between the two)")
+    t0 = time.time()
+    install_cpu_backend()
+    model, adapter = _load(cfg.model)
+    H, K = adapter.key_heads(model.config)
+    layers = [r.layer for r in adapter.mixers(model)]
+    selections: list[LoadedSelection] = []
+    for path in filter(None, (cfg.selection, cfg.compare)):
+        sel = load_selection(path)
+        check_fits(sel, cfg.model, model.config.model_type, layers, H, K)
+        selections.append(sel)
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    windows = sample_sequences(tokenizer, cfg.calib, n=cfg.n_calib, seq_len=cfg.seq_len, seed=cfg.seed,
+                               stream="calibration", data_dir=cfg.data_dir)
+    kw = dict(stride=cfg.stride, divisor=cfg.divisor, batch_size=cfg.batch_size, ignore_decay=cfg.ignore_decay)
+    dense = state_statistics(model, adapter, windows, **kw)
+    calibration = calibrate(model, adapter, windows, batch_size=cfg.batch_size)
+    extra = {"model_type": model.config.model_type, "key_heads": H, "key_dim": K, "layers": layers,
+             "divisor": cfg.divisor, "decay": not cfg.ignore_decay,
+             "dense": {"states": {str(k): v for k, v in dense.items()}, "conditioning": conditioning(calibration, None)},
+             "conv_similarity": {}}
+    metrics = {"u_mean": _summary(_flat(dense))["mean"],
+               "u_per_layer": {str(k): v["u_mean"] for k, v in dense.items()},
+               "kappa_median_dense": extra["dense"]["conditioning"]["median"]["kappa"],
+               "degenerate_heads": sum(len(v["degenerate_heads"]) for v in dense.values())}
+    extra["utilization_summary"] = {"dense": _summary(_flat(dense))}
+    for ref in adapter.mixers(model):
+        filters = qk_conv_filters(adapter, ref.module)
+        if filters is not None:
+            extra["conv_similarity"][str(ref.layer)] = {"q": filter_similarity(filters[0]), "k": filter_similarity(filters[1])}
+
+    for role, sel in zip(("selection", "compare"), selections):
+        cond = conditioning(calibration, sel.keep)
+        if sel.model_dir is not None:
+            pruned, _ = _load(sel.model_dir)
+        else:
+            pruned = reduce_model(copy.deepcopy(model), as_key_channel_selections(sel))
+        after = state_statistics(pruned, adapter, windows, **kw)
+        rho = pearson(_flat(dense), _flat(after))
+        extra[role] = {"path": sel.path, "method": sel.method, "kept": sel.kept, "model_dir": sel.model_dir,
+                       "conditioning": cond, "states": {str(k): v for k, v in after.items()},
+                       "pearson_u": rho, "utilization_summary": _summary(_flat(after))}
+        metrics[f"{role}_u_mean"] = extra[role]["utilization_summary"]["mean"]
+        metrics[f"{role}_pearson_u"] = rho
+        metrics[f"{role}_kappa_median"] = cond["median"]["kappa"]
+        metrics[f"{role}_sigma_min_median"] = cond["median"]["sigma_min"]
+        metrics[f"{role}_sigma_max_median"] = cond["median"]["sigma_max"]
+    if len(selections) == 2:
+        overlap = channel_overlap(selections[0].keep, selections[1].keep)
+        flat = [float(x) for v in overlap.values() for x in v]
+        extra["overlap"] = {"per_layer": {str(k): v for k, v in overlap.items()}, "median": median(flat),
+                            "kept": [selections[0].kept, selections[1].kept]}
+        metrics["overlap_median"] = median(flat)
+
+    data = {"calibration": {"corpus": cfg.calib, "stream": "calibration", "n": cfg.n_calib, "seq_len": cfg.seq_len,
+                            "seed": cfg.seed, "tokens": int(windows.numel())}}
+    return build_result("analyze", profile=profile, experiment=experiment, config=asdict(cfg), metrics=metrics,
+                        model=model_entry(Path(cfg.model)), data=data, seeds={"calibration": cfg.seed},
+                        wall_time_s=time.time() - t0, extra=extra)

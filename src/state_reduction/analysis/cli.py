@@ -1,0 +1,56 @@
+"""`state-reduction analyze MODEL [--selection PRUNED] [--compare OTHER] --out FILE`."""
+
+from __future__ import annotations
+
+
+def _cmd_analyze(args) -> int:
+    import torch
+
+    from state_reduction.analysis.analyze import AnalyzeConfig, analyze
+    from state_reduction.results import write_result
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = AnalyzeConfig(model=args.model, selection=args.selection, compare=args.compare, calib=args.calib,
+                        n_calib=args.n_calib, seq_len=args.seq_len, seed=args.seed, stride=args.stride,
+                        divisor=args.divisor, ignore_decay=args.ignore_decay, batch_size=args.batch_size,
+                        data_dir=args.data_dir)
+    record = analyze(cfg, profile=args.profile, experiment=args.experiment)
+    write_result(args.out, record)
+    m = record["metrics"]
+    layers = ", ".join(f"L{k} {v:.3f}" if v is not None else f"L{k} degenerate" for k, v in m["u_per_layer"].items())
+    print(f"{record['extra']['model_type']}: u ({args.divisor}) per layer: {layers}; dense median kappa "
+          f"{m['kappa_median_dense']}")
+    for role in ("selection", "compare"):
+        if f"{role}_u_mean" in m:
+            print(f"{role}: u mean {m[f'{role}_u_mean']}, pearson {m[f'{role}_pearson_u']}, median kappa "
+                  f"{m[f'{role}_kappa_median']} (sigma_min {m[f'{role}_sigma_min_median']}, sigma_max "
+                  f"{m[f'{role}_sigma_max_median']})")
+    if "overlap_median" in m:
+        print(f"overlap: median {m['overlap_median']} shared channels per head")
+    print(f"result: {args.out}")
+    return 0
+
+
+def register(subparsers) -> None:
+    from state_reduction.analysis.rank import DIVISORS
+
+    p = subparsers.add_parser("analyze", help="rank utilisation, spectra, subspace conditioning, overlap, conv similarity")
+    p.add_argument("model", help="dense model folder")
+    p.add_argument("--selection", help="pruned model folder (with selection.json) or a selection.json of MODEL")
+    p.add_argument("--compare", help="a second selection: channel overlap with --selection (appendix C.2)")
+    p.add_argument("--out", required=True, help="result JSON file")
+    p.add_argument("--calib", default="ptb")
+    p.add_argument("--n-calib", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stride", type=int, default=16, help="analyse the state at every STRIDE-th token")
+    p.add_argument("--divisor", choices=DIVISORS, default="dk",
+                   help="u = er / d: dk (default), min = min(d_k, d_v) (the authors'), dv")
+    p.add_argument("--ignore-decay", action="store_true", help="drop the GDN/Mamba-2 decay (the authors' recurrence)")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--profile", default="tiny")
+    p.add_argument("--experiment", default="analysis")
+    p.set_defaults(func=_cmd_analyze)
