@@ -3,7 +3,9 @@
 # weights), forward/decode only, in under 8 minutes in total. Run from the repository root on a CUDA machine whose
 # python3 has torch and triton:   bash scripts/gpu_check.sh
 # fla comes from the carried wheels in .whl/ (installed to /tmp/site) unless python3 already imports it.
-# Outputs go to $OUT when set (the device tool's folder), else to results/paper/speed/gpu_check/.
+# Result JSON goes to <root>/paper/speed/ (root: $OUT/results when $OUT is set, the device tool's folder, else
+# results/), where `python paper_tables/table19.py --profile paper` reads it; logs, env.txt and the rendered tables
+# go to $OUT (else results/paper/speed/gpu_check/).
 #
 # Lessons from the 2026-11-30 H200 run (experiments/speed/gpu_runs/2026-11-30-h200/): Triton compilation and
 # autotuning dominate (a 6-point chunk-GDN forward timing took > 90 s), and fla 0.6.0 refuses the gated-delta-rule
@@ -12,9 +14,10 @@
 set -u
 cd "$(dirname "$0")/.."
 START=$(date +%s)
-BUDGET_S=${GPU_CHECK_BUDGET_S:-470}
-OUT_DIR=${OUT:-results/paper/speed/gpu_check}
-mkdir -p "$OUT_DIR"
+BUDGET_S=${GPU_CHECK_BUDGET_S:-450}  # stages only; rendering after them takes seconds; 8 min in all
+if [ -n "${OUT:-}" ]; then RESULTS_ROOT="$OUT/results"; OUT_DIR="$OUT"; else RESULTS_ROOT=results; OUT_DIR=results/paper/speed/gpu_check; fi
+JSON_DIR="$RESULTS_ROOT/paper/speed"
+mkdir -p "$OUT_DIR" "$JSON_DIR"
 LOG="$OUT_DIR/gpu_check.log"
 : > "$LOG"
 
@@ -51,18 +54,21 @@ COMMON=(--device cuda --profile paper --threads 1)
 
 # 1. Table 19 headline: one mixer layer, T 2048, batch 32, d_k 128 vs 64 vs 32 (paper: 1.28x, 1.51x)
 stage mixer_b32 170 "${BENCH[@]}" mixer "${COMMON[@]}" --batch-sizes 32 --seq-len 2048 --keep \
-  --warmup 3 --steps 10 --repeats 3 --out "$OUT_DIR/mixer_gdn_cuda_b32.json"
+  --warmup 3 --steps 10 --repeats 3 --out "$JSON_DIR/mixer_gdn_cuda_b32.json"
 # 2. Table 17: full 1.3B-shaped GDN (24 layers, bf16), decode after a 512-token prompt, CUDA graphs
 stage decode_b64 120 "${BENCH[@]}" decode "${COMMON[@]}" --model gdn-1.3b --batch-sizes 64 --prompt-len 512 \
-  --cuda-graphs on --warmup 10 --steps 50 --repeats 3 --out "$OUT_DIR/decode_gdn-1.3b_cuda_b64.json"
+  --cuda-graphs on --warmup 10 --steps 50 --repeats 3 --out "$JSON_DIR/decode_gdn-1.3b_cuda_b64.json"
 stage decode_b1_16 80 "${BENCH[@]}" decode "${COMMON[@]}" --model gdn-1.3b --batch-sizes 1 16 --prompt-len 512 \
-  --cuda-graphs on --warmup 10 --steps 50 --repeats 3 --out "$OUT_DIR/decode_gdn-1.3b_cuda_b1_16.json"
+  --cuda-graphs on --warmup 10 --steps 50 --repeats 3 --out "$JSON_DIR/decode_gdn-1.3b_cuda_b1_16.json"
 # 3. one decode step: fla's fused recurrent kernel alone, one layer, a 2-layer model, with the Amdahl bound
 stage recurrence 50 "${BENCH[@]}" recurrence "${COMMON[@]}" --batch-sizes 64 --layers 2 \
-  --warmup 10 --steps 100 --repeats 3 --out "$OUT_DIR/recurrence_gdn_cuda.json"
+  --warmup 10 --steps 100 --repeats 3 --out "$JSON_DIR/recurrence_gdn_cuda.json"
 # 4. kernel-friendly budgets: unrounded d_k 77 (padded to 128 by fla) vs 80, 96 at batch 8
 stage mixer_budgets 50 "${BENCH[@]}" mixer "${COMMON[@]}" --batch-sizes 8 --seq-len 2048 --ratios 0.5 --keep 96 80 77 \
-  --warmup 3 --steps 10 --repeats 3 --out "$OUT_DIR/mixer_gdn_cuda_budgets.json"
+  --warmup 3 --steps 10 --repeats 3 --out "$JSON_DIR/mixer_gdn_cuda_budgets.json"
 
-say "done in $(( $(date +%s) - START ))s; outputs in $OUT_DIR"
-ls -l "$OUT_DIR" >> "$LOG"
+for t in table17 table19; do  # LaTeX/Markdown from whatever results exist (no GPU time; tables need no matplotlib)
+  python3 paper_tables/$t.py --profile paper --results-root "$RESULTS_ROOT" --out-dir "$OUT_DIR" >> "$LOG" 2>&1 || say "render $t: no results"
+done
+say "done in $(( $(date +%s) - START ))s; results in $JSON_DIR, logs and tables in $OUT_DIR"
+ls -l "$OUT_DIR" "$JSON_DIR" >> "$LOG"
