@@ -188,16 +188,19 @@ def register(sub) -> None:
                                     "Amdahl bounds; state-memory: state bytes per sequence and the largest batch in a "
                                     "budget; calibration: time and peak memory vs calibration size.")
     be.add_argument("mode", choices=MODES)
-    be.add_argument("--model", default=None, help=f"checkpoint directory or preset (gdn-1.3b, dn-1.3b); default {DEFAULT_MODEL}")
+    be.add_argument("--model", default=None, help=f"decode/prefill: checkpoint directory or preset (gdn-1.3b, dn-1.3b); default {DEFAULT_MODEL}; "
+                         "recurrence always uses the gdn-1.3b shape")
     be.add_argument("--models", nargs="+", default=None, help="state-memory: several checkpoints or presets")
     be.add_argument("--device", default="cpu")
     be.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.75], help="fractions of key channels removed")
     be.add_argument("--keep", type=int, nargs="*", default=None, help="extra explicit kept-channel budgets (e.g. 77)")
-    be.add_argument("--batch-sizes", type=int, nargs="+", default=None)
+    be.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                    help="decode (default 1 4 16 64), mixer (default 1 2); recurrence: the first (default 64)")
     be.add_argument("--grid", type=_grid, nargs="+", default=None, help="prefill cells BxT, e.g. 1x2k 4x8k")
     be.add_argument("--prompt-len", type=int, default=512)
     be.add_argument("--seq-len", type=int, default=None, help="mixer: T (paper 2048); calibration: window length")
-    be.add_argument("--layers", type=int, default=None, help="presets: number of layers (keeps the 1.3B shapes)")
+    be.add_argument("--layers", type=int, default=None,
+                    help="presets: number of layers, keeping the 1.3B shapes (recurrence default 2)")
     be.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: bf16 on CUDA, fp32 on CPU)")
     be.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="decode: capture steps in CUDA graphs")
     be.add_argument("--warmup", type=int, default=2, help="warm-up steps per repetition (paper 10)")
