@@ -13,7 +13,7 @@ LM_TABLES := table1 table20 table21 table22 table23 table24
 
 help:
 	@echo "make table20   Table 20 (profile $(PROFILE)) as LaTeX and plots; also table1, table21 ... table24"
-	@echo "make table17   Tables 17-19 and figure4: speed (tiny profile: CPU benchmarks); also table18, table19, figure4"
+	@echo "make table17   Table 17, decode speed (tiny profile: CPU benchmarks); also table18, table19, figure4"
 	@echo "make test      the test suite (CPU)"
 	@echo "make setup     create $(VENV) and install the project (idempotent)"
 
