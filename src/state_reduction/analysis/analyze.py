@@ -11,7 +11,11 @@ from pathlib import Path
 import torch
 
 from state_reduction.analysis.conv import filter_similarity, qk_conv_filters
-from state_reduction.analysis.rank import check_divisor, effective_rank_from_singular_values, utilization_divisor
+from state_reduction.analysis.rank import (
+    check_divisor,
+    effective_rank_from_singular_values,
+    utilization_divisor,
+)
 from state_reduction.analysis.selection import (
     LoadedSelection,
     as_key_channel_selections,
@@ -31,6 +35,7 @@ class AnalyzeConfig:
     selection: str | None = None
     compare: str | None = None
     calib: str = "ptb"
+    stream: str = "calibration"  # Table 6 measures the activations the selectors saw; "evaluation" is held out
     n_calib: int = 4
     seq_len: int = 256
     seed: int = 0
@@ -160,8 +165,8 @@ def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "ana
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     windows = sample_sequences(tokenizer, cfg.calib, n=cfg.n_calib, seq_len=cfg.seq_len, seed=cfg.seed,
-                               stream="calibration", data_dir=cfg.data_dir)
-    kw = dict(stride=cfg.stride, divisor=cfg.divisor, batch_size=cfg.batch_size, ignore_decay=cfg.ignore_decay)
+                               stream=cfg.stream, data_dir=cfg.data_dir)
+    kw = {"stride": cfg.stride, "divisor": cfg.divisor, "batch_size": cfg.batch_size, "ignore_decay": cfg.ignore_decay}
     dense = state_statistics(model, adapter, windows, **kw)
     calibration = calibrate(model, adapter, windows, batch_size=cfg.batch_size)
     extra = {"model_type": model.config.model_type, "key_heads": H, "key_dim": K, "layers": layers,
@@ -201,7 +206,7 @@ def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "ana
                             "kept": [selections[0].kept, selections[1].kept]}
         metrics["overlap_median"] = median(flat)
 
-    data = {"calibration": {"corpus": cfg.calib, "stream": "calibration", "n": cfg.n_calib, "seq_len": cfg.seq_len,
+    data = {"calibration": {"corpus": cfg.calib, "stream": cfg.stream, "n": cfg.n_calib, "seq_len": cfg.seq_len,
                             "seed": cfg.seed, "tokens": int(windows.numel())}}
     return build_result("analyze", profile=profile, experiment=experiment, config=asdict(cfg), metrics=metrics,
                         model=model_entry(Path(cfg.model)), data=data, seeds={"calibration": cfg.seed},

@@ -11,7 +11,7 @@ def _cmd_analyze(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = AnalyzeConfig(model=args.model, selection=args.selection, compare=args.compare, calib=args.calib,
+    cfg = AnalyzeConfig(model=args.model, selection=args.selection, compare=args.compare, calib=args.calib, stream=args.stream,
                         n_calib=args.n_calib, seq_len=args.seq_len, seed=args.seed, stride=args.stride,
                         divisor=args.divisor, ignore_decay=args.ignore_decay, batch_size=args.batch_size,
                         data_dir=args.data_dir)
@@ -41,6 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--compare", help="a second selection: channel overlap with --selection (appendix C.2)")
     p.add_argument("--out", required=True, help="result JSON file")
     p.add_argument("--calib", default="ptb")
+    p.add_argument("--stream", default="calibration", choices=["calibration", "evaluation"],
+                   help="token stream of the corpus: the selectors' calibration stream or the held-out evaluation one")
     p.add_argument("--n-calib", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)

@@ -22,7 +22,7 @@ def qk_conv_filters(adapter: KeyChannelAdapter, mixer: nn.Module) -> tuple[torch
     conv = getattr(mixer, adapter.conv)
     sizes = adapter.conv_segments(mixer)
     w = conv.weight.detach()[:, 0]  # [C, W]
-    seg = lambda i: w[sum(sizes[:i]):sum(sizes[:i + 1])].reshape(heads, k, -1)  # noqa: E731
+    seg = lambda i: w[sum(sizes[:i]):sum(sizes[:i + 1])].reshape(heads, k, -1)
     return seg(adapter.q_conv_segment), seg(adapter.k_conv_segment)
 
 
