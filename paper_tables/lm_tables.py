@@ -213,15 +213,18 @@ def comparison(t: Table) -> str:
 # -- figure -----------------------------------------------------------------------------------------------------
 def plot(t: Table, stem: Path) -> list[Path]:
     """Wiki perplexity vs compression ratio per method, one panel per model and RFT state, the dense
-    baseline as a dashed line (all ratios of this experiment that have results, not only the table's)."""
+    baseline as a dashed line (all ratios of this experiment that have results, not only the table's);
+    a table of one ratio gets bars instead."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    all_ratios = sorted({k[2] for k in t.values if k[1] != "baseline"} | set(t.ratios))
+    if len(all_ratios) == 1:
+        return _plot_bars(t, stem, all_ratios[0], plt)
     panels = [(m, rft) for m in t.models for rft in t.rft_states]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
-    all_ratios = sorted({k[2] for k in t.values if k[1] != "baseline"})
     colors = plt.get_cmap("tab10")
     for ax, (model, rft) in zip(axes[0], panels):
         for j, method in enumerate(METHOD_ORDER):
@@ -239,12 +242,46 @@ def plot(t: Table, stem: Path) -> list[Path]:
         ax.legend(fontsize=7)
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite)", fontsize=10)
     fig.tight_layout()
+    return _save(fig, stem, plt)
+
+
+def _save(fig, stem: Path, plt) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
     for p in paths:
         fig.savefig(p, dpi=120)
     plt.close(fig)
     return paths
+
+
+def _plot_bars(t: Table, stem: Path, ratio: float, plt) -> list[Path]:
+    """One compression ratio (Table 20): Wiki perplexity per method, pre- and post-RFT side by side, one panel
+    per model, the dense baseline dashed; the y axis starts near the smallest value so differences show."""
+    fig, axes = plt.subplots(1, len(t.models), figsize=(5.2 * len(t.models), 3.6), squeeze=False)
+    width = 0.38
+    for ax, model in zip(axes[0], t.models):
+        values = []
+        for i, rft in enumerate((False, True)):
+            ys = [t.get(model, m, ratio, rft, WIKI) for m in METHOD_ORDER]
+            xs = [j + (i - 0.5) * width for j, y in enumerate(ys) if y is not None]
+            ys = [y for y in ys if y is not None]
+            values += ys
+            if ys:
+                ax.bar(xs, ys, width, label="post-RFT" if rft else "pre-RFT", color="tab:green" if rft else "tab:gray")
+        base = t.get(model, "baseline", 0.0, False, WIKI)
+        if base is not None:
+            ax.axhline(base, color="k", ls="--", lw=1, label="Baseline (dense)")
+            values.append(base)
+        if values:
+            lo, hi = min(values), max(values)
+            ax.set_ylim(lo - 0.15 * (hi - lo + 1e-9), hi + 0.1 * (hi - lo + 1e-9))
+        ax.set_xticks(range(len(METHOD_ORDER)), [METHOD_NAMES[m] for m in METHOD_ORDER])
+        ax.set_ylabel("Wiki word perplexity")
+        ax.set_title(f"{model}, {round(ratio * 100)}% of key channels removed", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite)", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, stem, plt)
 
 
 def render(table: str, profile: str = "tiny", experiment: str = "deltanet_gdn", results_root=None,
