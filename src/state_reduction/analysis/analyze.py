@@ -65,22 +65,24 @@ def state_statistics(model, adapter, windows: torch.Tensor, stride: int = 16, di
     sigma_i / sigma_1 averaged over the same states, and how many states were degenerate (all zero)."""
     check_divisor(divisor)
     acc: dict[int, dict] = {}
+
+    def accumulate(layer, inputs) -> None:
+        st = states_at(inputs, stride, ignore_decay=ignore_decay)  # [B, n, HV, K, V]
+        d_k, d_v = st.shape[-2:]
+        sv = torch.linalg.svdvals(st)  # [B, n, HV, r]
+        er, degenerate = effective_rank_from_singular_values(sv)
+        ok = (~degenerate).double()
+        norm_sv = sv / sv[..., :1].clamp_min(1e-300) * ok[..., None]
+        a = acc.setdefault(layer, {"d_k": d_k, "d_v": d_v, "er": 0, "er2": 0, "n": 0, "deg": 0, "spec": 0, "raw": 0})
+        a["er"] = a["er"] + (er * ok).sum((0, 1))
+        a["er2"] = a["er2"] + (er.square() * ok).sum((0, 1))
+        a["n"] = a["n"] + ok.sum((0, 1))
+        a["deg"] = a["deg"] + degenerate.sum((0, 1))
+        a["spec"] = a["spec"] + norm_sv.sum((0, 1))
+        a["raw"] = a["raw"] + (sv * ok[..., None]).sum((0, 1))
+
     for i in range(0, windows.shape[0], batch_size):
-        captured = capture_kernel_inputs(model, adapter, windows[i:i + batch_size])
-        for layer, inputs in captured.items():
-            st = states_at(inputs, stride, ignore_decay=ignore_decay)  # [B, n, HV, K, V]
-            d_k, d_v = st.shape[-2:]
-            sv = torch.linalg.svdvals(st)  # [B, n, HV, r]
-            er, degenerate = effective_rank_from_singular_values(sv)
-            ok = (~degenerate).double()
-            norm_sv = sv / sv[..., :1].clamp_min(1e-300) * ok[..., None]
-            a = acc.setdefault(layer, {"d_k": d_k, "d_v": d_v, "er": 0, "er2": 0, "n": 0, "deg": 0, "spec": 0, "raw": 0})
-            a["er"] = a["er"] + (er * ok).sum((0, 1))
-            a["er2"] = a["er2"] + (er.square() * ok).sum((0, 1))
-            a["n"] = a["n"] + ok.sum((0, 1))
-            a["deg"] = a["deg"] + degenerate.sum((0, 1))
-            a["spec"] = a["spec"] + norm_sv.sum((0, 1))
-            a["raw"] = a["raw"] + (sv * ok[..., None]).sum((0, 1))
+        capture_kernel_inputs(model, adapter, windows[i:i + batch_size], on_inputs=accumulate)
     out = {}
     for layer, a in sorted(acc.items()):
         d = utilization_divisor(a["d_k"], a["d_v"], divisor)

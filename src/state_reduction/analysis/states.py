@@ -162,17 +162,26 @@ def states_at(inputs: KernelInputs, stride: int, ignore_decay: bool = False) -> 
     return torch.stack(out, dim=1)
 
 
-def capture_kernel_inputs(model, adapter: KeyChannelAdapter, input_ids: torch.Tensor) -> dict[int, KernelInputs]:
-    """One forward over input_ids [B, T]; the recurrence inputs of every reducible mixer, by layer index."""
+def capture_kernel_inputs(model, adapter: KeyChannelAdapter, input_ids: torch.Tensor,
+                          on_inputs: Callable[[int, KernelInputs], None] | None = None) -> dict[int, KernelInputs]:
+    """One forward over input_ids [B, T]; the recurrence inputs of every reducible mixer, by layer index.
+
+    With `on_inputs(layer, inputs)` each layer's inputs are handed over during the forward and not kept (memory
+    of one layer instead of all); the returned dict is then empty."""
     mixers = list(adapter.mixers(model))
     captured: dict[int, KernelInputs] = {}
+    seen: set[int] = set()
     current = {"layer": None}
 
     def record(inputs: KernelInputs) -> None:
         layer = current["layer"]
         if layer is None:
             raise RuntimeError(f"{adapter.model_type}: a recurrence kernel ran outside a reducible mixer")
-        captured[layer] = inputs
+        seen.add(layer)
+        if on_inputs is None:
+            captured[layer] = inputs
+        else:
+            on_inputs(layer, inputs)
 
     handles = []
     for ref in mixers:
@@ -188,7 +197,7 @@ def capture_kernel_inputs(model, adapter: KeyChannelAdapter, input_ids: torch.Te
     finally:
         for hd in handles:
             hd.remove()
-    missing = [r.layer for r in mixers if r.layer not in captured]
+    missing = [r.layer for r in mixers if r.layer not in seen]
     if missing:
         raise RuntimeError(f"{adapter.model_type}: no recurrence inputs captured for layers {missing}")
     return captured
