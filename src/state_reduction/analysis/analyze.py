@@ -1,5 +1,16 @@
 """`analyze`: rank utilisation of the recurrent states, subspace conditioning of a selection, channel overlap of
-two selections, utilisation before vs after pruning, conv filter similarity; one `analyze` result."""
+two selections, utilisation before vs after pruning, conv filter similarity; one `analyze` result.
+
+The result's `extra` holds, per layer (keys are layer indices as strings):
+  dense.states[layer]        d_k, d_v, divisor, u_mean, degenerate_heads, heads[h] = {er, u, u_std, spectrum
+                             (mean sigma_i / sigma_1 over states), spectrum_raw, n_states, n_degenerate, degenerate}
+                             h runs over *state* heads (value heads: Qwen3.5's value heads share key heads)
+  dense.conditioning         per_layer[layer][key head] = {sigma_min, sigma_max, kappa, degenerate}, median (Table 6)
+  selection / compare        path, method, kept, conditioning (kept columns), states (after pruning), pearson_u
+                             (Table 5 rho over all (layer, head)), utilization_summary (mean, std, min, max)
+  overlap                    per_layer[layer][head] shared channels, median (appendix C.2)
+  conv_similarity[layer]     q / k: within_head[h] mean cosine of channel filters, across_heads, dead_filters (Fig. 7)
+Degenerate heads (all-zero states or activations) are None with a flag; no metric is ever NaN."""
 
 from __future__ import annotations
 
