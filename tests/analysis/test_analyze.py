@@ -11,7 +11,6 @@ import torch
 
 import state_reduction  # noqa: F401  (registers the families)
 from state_reduction.analysis.analyze import AnalyzeConfig, analyze
-from state_reduction.backend import install_cpu_backend
 from state_reduction.cli import main
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.results import read_result
@@ -19,15 +18,6 @@ from state_reduction.results import read_result
 CHECKPOINTS = Path(__file__).resolve().parents[2] / "experiments" / "tiny_models" / "checkpoints"
 GDN = str(CHECKPOINTS / "gated_deltanet")
 SMALL = ["--n-calib", "2", "--seq-len", "64", "--stride", "16", "--threads", "1"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    install_cpu_backend()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -28,20 +28,10 @@ from state_reduction.analysis.states import (
     capture_kernel_inputs,
     states_at,
 )
-from state_reduction.backend import install_cpu_backend
 from state_reduction.models import build_model
 from state_reduction.pruning.adapters import get_adapter
 
 D = torch.float64
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    install_cpu_backend()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_effective_rank_and_utilisation_by_hand():

@@ -9,18 +9,8 @@ import torch
 
 import state_reduction  # noqa: F401  (registers the families)
 from state_reduction.analysis.rank import effective_rank, rank_utilization
-from state_reduction.backend import install_cpu_backend
 from state_reduction.models import build_model
 from state_reduction.pruning.adapters import get_adapter
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    install_cpu_backend()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def spectrum(x: torch.Tensor) -> torch.Tensor:
