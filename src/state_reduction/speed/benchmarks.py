@@ -361,6 +361,20 @@ def _load_models(model: str, ratios, keeps, *, device, dtype, layers, seed) -> t
     return models, vs, desc
 
 
+def _prepare_models(what, model, models, ratios, keeps, device, dtype, layers, seed):
+    """(models, [(label, d_k)], description): loaded from `model` unless given, all checked to be on `device`."""
+    if models is None:
+        models, vs, desc = _load_models(model, ratios, keeps, device=device, dtype=dtype, layers=layers, seed=seed)
+    else:
+        from state_reduction.pruning.adapters import get_adapter
+
+        vs = [(label, get_adapter(m).key_heads(m.config)[1]) for label, m in models.items()]
+        desc = {"name": model, "d_k": vs[0][1]}
+    for label, m in models.items():
+        check_device(m, device, f"bench {what} ({label})")
+    return models, vs, desc
+
+
 def bench_decode(model: str, *, device="cpu", batches=(1, 2, 4, 8, 16, 32, 64), prompt_len: int = 512,
                  ratios=(0.5, 0.75), keeps=(), layers: int | None = None, dtype: torch.dtype | None = None,
                  cuda_graphs: str | bool | None = "auto", protocol: TimingProtocol = PAPER_PROTOCOL,
@@ -372,15 +386,7 @@ def bench_decode(model: str, *, device="cpu", batches=(1, 2, 4, 8, 16, 32, 64), 
     device = resolve_device(device)
     graphs = resolve_cuda_graphs(cuda_graphs, device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    if models is None:
-        models, vs, desc = _load_models(model, ratios, keeps, device=device, dtype=dtype, layers=layers, seed=seed)
-    else:
-        from state_reduction.pruning.adapters import get_adapter
-
-        vs = [(label, get_adapter(m).key_heads(m.config)[1]) for label, m in models.items()]
-        desc = {"name": model, "d_k": vs[0][1]}
-    for label, m in models.items():
-        check_device(m, device, f"bench decode ({label})")
+    models, vs, desc = _prepare_models("decode", model, models, ratios, keeps, device, dtype, layers, seed)
     rows, metrics, notes = [], {}, []
     vocab = next(iter(models.values())).config.vocab_size
     with torch.no_grad():
@@ -457,15 +463,7 @@ def bench_prefill(model: str, *, device="cpu", grid=((1, 128), (2, 128), (1, 512
     grid = [(int(b), int(t)) for b, t in grid]
     if not grid or any(b < 1 or t < 1 for b, t in grid):
         raise BenchError(f"prefill grid cells need B >= 1 and T >= 1, got {grid}")
-    if models is None:
-        models, vs, desc = _load_models(model, ratios, keeps, device=device, dtype=dtype, layers=layers, seed=seed)
-    else:
-        from state_reduction.pruning.adapters import get_adapter
-
-        vs = [(label, get_adapter(m).key_heads(m.config)[1]) for label, m in models.items()]
-        desc = {"name": model, "d_k": vs[0][1]}
-    for label, m in models.items():
-        check_device(m, device, f"bench prefill ({label})")
+    models, vs, desc = _prepare_models("prefill", model, models, ratios, keeps, device, dtype, layers, seed)
     budget = memory_budget if memory_budget is not None else available_memory(device)
     vocab = next(iter(models.values())).config.vocab_size
     rows, skipped, metrics = [], [], {}
