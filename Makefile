@@ -76,3 +76,13 @@ table19: setup $(SPEED_RESULTS)/mixer_gdn_cpu.json $(SPEED_RESULTS)/recurrence_g
 	$(PY) paper_tables/table19.py --profile $(PROFILE)
 figure4: setup $(SPEED_RESULTS)/decode_gated_deltanet_cpu.json $(SPEED_RESULTS)/prefill_gated_deltanet_cpu.json
 	$(PY) paper_tables/figure4.py --profile $(PROFILE)
+
+# Pruning ablations (experiments/calibration_sensitivity: Tables 2 and 7; experiments/coupled_selection: Table 16):
+# prune and evaluate pre-RFT (WikiText-2 perplexity only) what is missing, then render ours beside the paper.
+.PHONY: table2 table7 table16
+table2 table7: setup
+	$(VENV)/bin/state-reduction run-table $@ --experiment calibration_sensitivity --profile $(PROFILE)
+	$(PY) paper_tables/$@.py --profile $(PROFILE)
+table16: setup
+	$(VENV)/bin/state-reduction run-table $@ --experiment coupled_selection --profile $(PROFILE)
+	$(PY) paper_tables/$@.py --profile $(PROFILE)

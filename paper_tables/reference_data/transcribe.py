@@ -98,10 +98,60 @@ def transcribe_zero_shot(text, number):
     return caption, out
 
 
+# Ablations (Tables 2, 7, 16): DeltaNet 370M at 75% (calibration) and every DeltaNet/GDN at 50% (selection), pre-RFT.
+CORPORA = {"FineWeb": "fineweb-edu", "PG19": "pg19", "Pile": "pile"}
+SELECT = {"$\\mathbf{K},\\mathbf{Q}$": "kq", "$\\mathbf{K}$": "k", "$\\mathbf{Q}$": "q"}
+TABLE16_MODELS = ["DeltaNet 370M", "DeltaNet 1.3B", "Gated DeltaNet 370M", "Gated DeltaNet 1.3B"]
+
+
+def _calibration_label(cell: str) -> dict:
+    """'FineWeb, $n=128$, seed 111' -> calib, n_calib, seed (None where the row names no seed)."""
+    parts = [p.strip() for p in cell.split(",")]
+    n = next((int(re.fullmatch(r"\$n=(\d+)\$", p).group(1)) for p in parts[1:] if p.startswith("$n=")), 128)
+    seed = next((int(p.split()[1]) for p in parts[1:] if p.startswith("seed ")), None)
+    return {"calib": CORPORA[parts[0]], "n_calib": n, "seed": seed}
+
+
+def transcribe_calibration(text, number):
+    """Table 2 (corpus; 128 sequences, as its caption says) and Table 7 (corpus, n, seed): DRRQR and Grad."""
+    caption, rows = markdown_table(text, number)
+    assert rows[0][1:] == ["DRRQR", "Grad"], rows[0]
+    out = []
+    for cells in rows[1:]:
+        setting = _calibration_label(cells[0])
+        for method, value in zip(("drrqr", "grad"), cells[1:3]):
+            out.append({"model": "DeltaNet 370M", "method": method, "ratio": 0.75, "rft": False, **setting,
+                        "wiki_ppl": _num(value)})
+    return caption, out
+
+
+def transcribe_table16(text):
+    """Columns: four models x (K,Q | K | Q); the baseline row has one number per model."""
+    caption, rows = markdown_table(text, 16)
+    selects = [SELECT[c] for c in rows[2][1:13]]
+    out = []
+    for cells in rows[3:]:
+        method = METHODS[cells[0]]
+        if method == "baseline":
+            values = [c for c in cells[1:] if c]
+            out += [{"model": m, "method": "baseline", "ratio": 0.0, "rft": False, "select": None,
+                     "wiki_ppl": _num(v)} for m, v in zip(TABLE16_MODELS, values, strict=True)]
+            continue
+        for i, (select, value) in enumerate(zip(selects, cells[1:13], strict=True)):
+            out.append({"model": TABLE16_MODELS[i // 3], "method": method, "ratio": 0.5, "rft": False,
+                        "select": select, "wiki_ppl": _num(value)})
+    return caption, out
+
+
+def transcribe_ablations(text) -> dict:
+    return {2: transcribe_calibration(text, 2), 7: transcribe_calibration(text, 7), 16: transcribe_table16(text)}
+
+
 def main() -> None:
     text = paper_text()
     tables = {1: transcribe_table1(text), 20: transcribe_table20(text)}
     tables.update({n: transcribe_zero_shot(text, n) for n in ZS_TABLES})
+    tables.update(transcribe_ablations(text))
     for number, (caption, rows) in tables.items():
         doc = {"table": number, "source": PAPER.name, "source_sha256": PAPER_SHA256, "caption": caption,
                "units": {"*_ppl": "perplexity", "*_acc*, zero_shot_avg": "percent"}, "rows": rows}

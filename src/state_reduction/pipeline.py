@@ -39,10 +39,11 @@ class Cell:
     model: str  # the profile's model key
     method: str
     ratio: float
+    vary: tuple[tuple[str, object], ...] = ()  # pruning-setting overrides from a table's `vary:`, sorted by name
 
     @property
     def name(self) -> str:
-        return f"{self.model}-{self.method}-r{round(self.ratio * 100)}"
+        return f"{self.model}-{self.method}-r{round(self.ratio * 100)}" + vary_suffix(self.vary)
 
 
 def load_experiment(name: str) -> dict:
@@ -94,7 +95,54 @@ def table_cells(spec: dict, table: str, profile: str) -> tuple[list[str], list[C
         if key not in keys:
             keys.append(key)
     cells = [Cell(k, m, float(r)) for k in keys for r in t["ratios"] for m in spec["methods"]]
+    cells = expand_vary(spec, table, profile, cells)
     return keys, cells, tuple(bool(x) for x in t["rft"])
+
+
+# A table's `vary:` crosses pruning settings with its cells (Tables 2, 7, 16): a mapping of setting -> list of
+# values (crossed), or a list of such mappings (their union). A value list may be a mapping profile -> list.
+VARY_SETTINGS = {"select": "sel", "calib": "cal", "n_calib": "n", "seq_len": "len", "seed": "seed"}
+
+
+def vary_suffix(vary) -> str:
+    return "".join(f"-{VARY_SETTINGS[k]}_{v}" for k, v in vary)
+
+
+def table_variations(spec: dict, table: str, profile: str) -> list[tuple[tuple[str, object], ...]]:
+    """The pruning-setting overrides of `table` on `profile`, each sorted by setting name; a value equal to the
+    profile's own setting is no override (so that cell keeps the plain name and key), duplicates are dropped.
+    No `vary:` gives the one empty override."""
+    import itertools
+
+    vary = spec["tables"][table].get("vary")
+    if not vary:
+        return [()]
+    defaults = {"select": spec.get("select", "kq"), **profile_spec(spec, profile)["prune"]}
+    out = []
+    for block in vary if isinstance(vary, list) else [vary]:
+        unknown = [k for k in block if k not in VARY_SETTINGS]
+        if unknown:
+            raise PipelineError(f"{table} of experiment {spec['experiment']!r} varies {unknown}; "
+                                f"settings that can vary: {', '.join(VARY_SETTINGS)}")
+        names = sorted(block)
+        lists = []
+        for k in names:
+            values = block[k]
+            if isinstance(values, dict):
+                if profile not in values:
+                    raise PipelineError(f"{table}: vary {k!r} has no values for profile {profile!r}")
+                values = values[profile]
+            lists.append(values)
+        for combo in itertools.product(*lists):
+            v = tuple((k, x) for k, x in zip(names, combo) if x != defaults.get(k))
+            if v not in out:
+                out.append(v)
+    return out
+
+
+def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell]) -> list[Cell]:
+    """Each cell once per variation of the table (unchanged where the table has no `vary:`)."""
+    return [Cell(c.model, c.method, c.ratio, v) for c in cells for v in table_variations(spec, table, profile)]
 
 
 class _Runner:
@@ -118,10 +166,11 @@ class _Runner:
         d = self.dense(cell.model)
         return {"experiment": self.spec["experiment"], "stage": stage, "model": cell.model,
                 "model_path": self.p["models"][cell.model]["path"], "dense_weights_sha256": d["weights_sha256"],
-                "method": cell.method, "ratio": cell.ratio}
+                "method": cell.method, "ratio": cell.ratio, **({"vary": dict(cell.vary)} if cell.vary else {})}
 
     def prune_config(self, cell: Cell) -> dict:
-        return {**self._base(cell, "prune"), "select": self.spec.get("select", "kq"), **self.p["prune"]}
+        return {**self._base(cell, "prune"), "select": self.spec.get("select", "kq"), **self.p["prune"],
+                **dict(cell.vary)}
 
     def rft_config(self, cell: Cell) -> dict:
         from state_reduction.rft import PRESETS
@@ -221,7 +270,7 @@ class _Runner:
 
     @staticmethod
     def _cell(config: dict) -> Cell:
-        return Cell(config["model"], config["method"], config["ratio"])
+        return Cell(config["model"], config["method"], config["ratio"], tuple(sorted(config.get("vary", {}).items())))
 
 
 def run_table(experiment: str, table: str, profile: str = "tiny", results_root=None, data_dir=None,

@@ -90,3 +90,46 @@ def test_table20_rows_keep_model_and_method():
             assert [row["wiki_ppl"], row["lambada_ppl"], row["zero_shot_avg"]] == [float(v) for v in values]
         assert not pre["rft"] and post["rft"] == (pre["method"] != "baseline")
     assert next(rows, None) is None
+
+
+@pytest.mark.parametrize("number", (2, 7, 16))
+def test_every_ablation_number_is_transcribed_exactly_once(number):
+    doc = json.loads((DATA / f"table{number}.json").read_text())
+    assert doc["table"] == number
+    published = numbers_in(paper_block(number))
+    assert collections.Counter(row["wiki_ppl"] for row in doc["rows"]) == published
+    assert sum(published.values()) > 0
+
+
+@pytest.mark.parametrize("number", (2, 7))
+def test_calibration_rows_keep_corpus_count_and_seed(number):
+    doc = json.loads((DATA / f"table{number}.json").read_text())
+    block = paper_block(number)[1:]
+    assert len(doc["rows"]) == 2 * len(block)
+    corpora = {"fineweb-edu": "FineWeb", "pg19": "PG19", "pile": "Pile"}
+    for line, drrqr, grad in zip(block, doc["rows"][::2], doc["rows"][1::2]):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        label = corpora[drrqr["calib"]]
+        if number == 7:
+            label += f", $n={drrqr['n_calib']}$" + (f", seed {drrqr['seed']}" if drrqr["seed"] is not None else "")
+        assert cells[0] == label
+        assert (drrqr["method"], grad["method"]) == ("drrqr", "grad")
+        assert [drrqr["wiki_ppl"], grad["wiki_ppl"]] == [float(cells[1]), float(cells[2])]
+        assert all(r["ratio"] == 0.75 and not r["rft"] and r["model"] == "DeltaNet 370M" for r in (drrqr, grad))
+        assert {k: drrqr[k] for k in ("calib", "n_calib", "seed")} == {k: grad[k] for k in ("calib", "n_calib", "seed")}
+
+
+def test_table16_cells_keep_model_and_selection():
+    doc = json.loads((DATA / "table16.json").read_text())
+    block = paper_block(16)
+    models = ["DeltaNet 370M", "DeltaNet 1.3B", "Gated DeltaNet 370M", "Gated DeltaNet 1.3B"]
+    by_cell = {(r["model"], r["method"], r["select"]): r["wiki_ppl"] for r in doc["rows"]}
+    assert len(by_cell) == len(doc["rows"]) == 4 * 4 * 3 + 4
+    for line in block[3:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        method = next(k for k, v in LABELS.items() if v == cells[0])
+        if method == "baseline":
+            assert [by_cell[(m, "baseline", None)] for m in models] == [float(c) for c in cells[1:5]]
+            continue
+        expected = [by_cell[(m, method, s)] for m in models for s in ("kq", "k", "q")]
+        assert expected == [float(c) for c in cells[1:13]]

@@ -44,7 +44,12 @@ TINY_METRICS: dict[str, list[tuple[str, str, bool]]] = {
     "tiny_next_sentence": [("acc", "next_sentence_acc", True), ("acc_norm", "next_sentence_acc_norm", False)],
 }
 
-SUITES = {"tiny": TINY_METRICS, "paper": PAPER_METRICS}
+# Perplexity only (the ablations of Tables 2, 7, 14-16 report WikiText-2 perplexity): the same tasks and
+# metrics without the choice tasks, which dominate the run time.
+SUITES = {"tiny": TINY_METRICS, "paper": PAPER_METRICS,
+          "tiny_ppl": {t: TINY_METRICS[t] for t in ("tiny_wiki_ppl", "tiny_ptb_ppl")},
+          "paper_ppl": {"wikitext": PAPER_METRICS["wikitext"]}}
+HUB_SUITES = ("paper", "paper_ppl")
 _OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
@@ -81,7 +86,8 @@ def _flatten(results: dict, table: dict) -> dict:
             metrics[key] = value
             if in_avg:
                 averaged.append(value)
-    metrics["zero_shot_avg"] = sum(averaged) / len(averaged)
+    if averaged:  # a perplexity-only suite has no accuracies to average
+        metrics["zero_shot_avg"] = sum(averaged) / len(averaged)
     return metrics
 
 
@@ -117,7 +123,7 @@ def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_le
     tests and smoke runs only.
     """
     table = _suite_table(suite)
-    if suite == "paper":
+    if suite in HUB_SUITES:
         _require_hub()
         return _run(model, tokenizer, suite, table, batch_size, max_length, limit, data_dir)
     # The tiny suite reads only local JSON files: keep datasets and the hub client off the network.
@@ -142,7 +148,7 @@ def _run(model, tokenizer, suite, table, batch_size, max_length, limit, data_dir
     lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_length=max_length)
     tasks = list(table)
     with tempfile.TemporaryDirectory(prefix="tiny_suite_tasks_") as task_dir:
-        if suite == "tiny":
+        if suite not in HUB_SUITES:
             manifest = build_tiny_suite(data_dir)
             task_manager = TaskManager(include_path=str(render_task_yamls(manifest, task_dir)), include_defaults=False)
             data = {t: {"data_file": manifest["tasks"][t]["data_file"], "sha256": manifest["tasks"][t]["sha256"]}

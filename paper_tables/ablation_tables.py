@@ -1,0 +1,206 @@
+"""Render the pruning ablations (Table 2, Table 7: calibration sensitivity; Table 16: coupled selection) from
+result JSON.
+
+Reads only result files (results/<profile>/<experiment>/*.json through state_reduction.pipeline.collect), the
+experiment's config.yaml (which cells a table has) and the paper's numbers (reference_data/tableN.json).
+Writes per table paper_tables/out/<profile>/<table>.{tex,md} (ours) and <table>_vs_paper.md (ours beside the
+paper). Every value is WikiText-2 word perplexity before RFT (tiny profile: the `wiki` test split). Missing runs
+are rendered as holes ("--") and listed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from lm_tables import METHOD_NAMES, _fmt, _md, _tex, rank_marks, reference_rows
+
+from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+SELECT_NAMES = {"kq": "K,Q", "k": "K", "q": "Q"}
+SELECT_TEX = {"kq": "$\\mathbf{K},\\mathbf{Q}$", "k": "$\\mathbf{K}$", "q": "$\\mathbf{Q}$"}
+EXPERIMENTS = {"table2": "calibration_sensitivity", "table7": "calibration_sensitivity", "table16": "coupled_selection"}
+WIKI = "wiki_word_perplexity"
+
+
+class AblationTable:
+    """Wiki perplexity by (model, method, ratio, vary) of one table on one profile, its holes and the paper's rows."""
+
+    def __init__(self, table: str, profile: str, experiment: str | None = None, results_root=None):
+        self.table, self.profile = table, profile
+        self.experiment = experiment or EXPERIMENTS[table]
+        self.spec = load_experiment(self.experiment)
+        self.models, self.cells, _ = table_cells(self.spec, table, profile)
+        self.p = profile_spec(self.spec, profile)
+        self.defaults = {"select": self.spec.get("select", "kq"), **self.p["prune"]}
+        self.values = {}
+        for r in collect(self.experiment, profile, results_root):
+            c = r["config"]
+            if r["kind"] == "evaluate" and not c["rft"]:
+                self.values[(c["model"], c["method"], c["ratio"], tuple(sorted(c.get("vary", {}).items())))] = r["metrics"]
+        self.missing = [f"{m}-baseline-r0-eval" for m in self.models if self.get(m, "baseline", 0.0, ()) is None]
+        self.missing += [f"{c.name}-eval-pre" for c in self.cells if self.get(c.model, c.method, c.ratio, c.vary) is None]
+        self.paper = reference_rows(table)
+
+    def get(self, model, method, ratio, vary=()):
+        ratio, vary = (0.0, ()) if method == "baseline" else (ratio, vary)
+        v = self.values.get((model, method, ratio, tuple(vary)), {}).get(WIKI)
+        return None if v is None or not math.isfinite(v) else v
+
+    def our_vary(self, **settings) -> tuple:
+        """Overrides of a cell with these pruning settings (None or the profile's own value: no override)."""
+        return tuple(sorted((k, v) for k, v in settings.items() if v is not None and v != self.defaults.get(k)))
+
+    def our_model(self, paper_model: str) -> str | None:
+        return next((k for k in self.models if paper_model in self.p["models"][k]["stands_for"]), None)
+
+    def model_label(self, key: str) -> str:
+        names = self.p["models"][key]["stands_for"]
+        return f"tiny {key} (for {', '.join(names)})" if self.profile == "tiny" else names[0]
+
+    def corpus_map(self) -> dict:
+        """The paper's calibration corpora -> this profile's, in the order the tables list them."""
+        out = {profile_spec(self.spec, "paper")["prune"]["calib"]: self.p["prune"]["calib"]}
+        for t in self.spec["tables"].values():
+            vary = t.get("vary") or []
+            for block in vary if isinstance(vary, list) else [vary]:
+                calib = block.get("calib")
+                if isinstance(calib, dict) and "paper" in calib and self.profile in calib:
+                    out.update(zip(calib["paper"], calib[self.profile]))
+        return out
+
+
+# -- layouts: (header, rows, paper header, paper rows); a cell is a string or (value, mark) -----------------------
+def layout_coupled(t: AblationTable):
+    """Table 16: method rows; per model K,Q | K | Q; best bold, second underlined among the three selections."""
+    selects = ["kq", "k", "q"]
+    header = ["Method"] + [f"{t.model_label(m)} {SELECT_TEX[s]}" for m in t.models for s in selects]
+    rows = []
+    for method in t.spec["methods"]:
+        cells = [METHOD_NAMES[method]]
+        for model in t.models:
+            vals = [t.get(model, method, t.cells[0].ratio, t.our_vary(select=s)) for s in selects]
+            cells += list(zip(vals, rank_marks(vals, True)))
+        rows.append(cells)
+    rows.append(["Baseline"] + [(t.get(m, "baseline", 0.0), "") if s == "kq" else "" for m in t.models for s in selects])
+    paper_header = ["paper model", "ours", "method", "selection", "Wiki ours", "Wiki paper"]
+    paper_rows = []
+    for r in t.paper:
+        model = t.our_model(r["model"])
+        if model is None:
+            continue
+        ours = t.get(model, r["method"], r["ratio"], t.our_vary(select=r["select"] or t.defaults["select"]))
+        paper_rows.append([r["model"], model, METHOD_NAMES[r["method"]], SELECT_NAMES.get(r["select"], "--"),
+                           _fmt(ours), _fmt(r["wiki_ppl"])])
+    return header, rows, paper_header, paper_rows
+
+
+def _calibration_label(calib, n, seed, with_n: bool) -> str:
+    label = calib + (f", n={n}" if with_n else "")
+    return label + (f", seed {seed}" if seed is not None else "")
+
+
+def layout_calibration(t: AblationTable):
+    """Tables 2 and 7: one row per calibration setting of the paper, DRRQR and Grad; the better of the two bold.
+    A last row gives each method's spread across the rows (max/min)."""
+    with_n = t.table != "table2"
+    corpora = t.corpus_map()
+    settings = []
+    for r in t.paper:
+        key = (r["calib"], r.get("n_calib", 128), r.get("seed"))
+        if key not in settings:
+            settings.append(key)
+    header = ["Calibration", "DRRQR", "Grad"]
+    rows, paper_rows, columns = [], [], {"drrqr": [], "grad": []}
+    for calib, n, seed in settings:
+        ours_calib = corpora.get(calib, calib)
+        vary = t.our_vary(calib=ours_calib, n_calib=n, seed=seed)
+        vals = [t.get(m, meth, t.cells[0].ratio, vary) for m in t.models for meth in ("drrqr", "grad")]
+        for meth, v in zip(("drrqr", "grad"), vals):
+            columns[meth].append(v)
+        marks = [m if m == "best" else "" for m in rank_marks(vals, True)]
+        rows.append([_calibration_label(ours_calib, n, seed, with_n)] + list(zip(vals, marks)))
+        paper = {r["method"]: r["wiki_ppl"] for r in t.paper if (r["calib"], r.get("n_calib", 128), r.get("seed")) == (calib, n, seed)}
+        paper_rows.append([_calibration_label(calib, n, seed, with_n), _calibration_label(ours_calib, n, seed, with_n),
+                           _fmt(vals[0]), _fmt(paper.get("drrqr")), _fmt(vals[1]), _fmt(paper.get("grad"))])
+    rows.append(["spread (max/min)"] + [_ratio(spread(columns[m])) for m in ("drrqr", "grad")])
+    paper_rows.append(["spread (max/min)", ""] + [
+        x for m in ("drrqr", "grad")
+        for x in (_ratio(spread(columns[m])), _ratio(spread([r["wiki_ppl"] for r in t.paper if r["method"] == m])))])
+    paper_header = ["paper calibration", "ours", "DRRQR ours", "DRRQR paper", "Grad ours", "Grad paper"]
+    return header, rows, paper_header, paper_rows
+
+
+def _ratio(v) -> str:
+    return "--" if v is None else f"{v:.3f}"
+
+
+def spread(values) -> float | None:
+    """max/min of the present values (1.0: the same perplexity whatever the calibration); None if fewer than two."""
+    present = [v for v in values if v is not None]
+    return max(present) / min(present) if len(present) > 1 else None
+
+
+LAYOUTS = {"table2": layout_calibration, "table7": layout_calibration, "table16": layout_coupled}
+
+
+def to_latex(t: AblationTable, header, rows) -> str:
+    spec = "l" + "r" * (len(header) - 1)
+    lines = [(f"% {t.table} ({t.profile} profile) rendered by paper_tables/ablation_tables.py from "
+              f"results/{t.profile}/{t.experiment}/; WikiText-2 word perplexity, pre-RFT"),
+             f"\\begin{{tabular}}{{{spec}}}", "\\toprule", " & ".join(h.replace("_", "\\_") for h in header) + " \\\\",
+             "\\midrule"]
+    lines += [" & ".join(c.replace("_", "\\_") if isinstance(c, str) else _tex(*c) for c in r) + " \\\\" for r in rows]
+    return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"]) + "\n"
+
+
+def to_markdown(header, rows) -> str:
+    clean = [h.replace("$\\mathbf{K},\\mathbf{Q}$", "K,Q").replace("$\\mathbf{K}$", "K").replace("$\\mathbf{Q}$", "Q")
+             for h in header]
+    lines = ["| " + " | ".join(clean) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c if isinstance(c, str) else _md(*c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def comparison(t: AblationTable, header, rows) -> str:
+    lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
+             ("WikiText-2 word perplexity before RFT; paper values from paper_tables/reference_data. Tiny-profile "
+              "models are ~10M-parameter stand-ins on offline data: compare orderings and spreads, not magnitudes."), "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
+           out_root: Path | None = None, quiet: bool = False) -> dict:
+    t = AblationTable(table, profile, experiment, results_root)
+    header, rows, paper_header, paper_rows = LAYOUTS[table](t)
+    out = (out_root or ROOT / "paper_tables" / "out") / profile
+    out.mkdir(parents=True, exist_ok=True)
+    written = {"tex": out / f"{table}.tex", "md": out / f"{table}.md", "vs_paper": out / f"{table}_vs_paper.md"}
+    written["tex"].write_text(to_latex(t, header, rows))
+    md = to_markdown(header, rows)
+    written["md"].write_text(md)
+    cmp = comparison(t, paper_header, paper_rows)
+    written["vs_paper"].write_text(cmp)
+    if not quiet:
+        print(md)
+        print(cmp)
+        if t.missing:
+            print(f"{len(t.missing)} runs missing (rendered as --): {', '.join(t.missing)}")
+        print("wrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p) for p in written.values()))
+    written["missing"] = t.missing
+    return written
+
+
+def main(table: str, argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=f"Render {table} from result JSON")
+    p.add_argument("--profile", default="tiny", choices=["tiny", "paper"])
+    p.add_argument("--experiment", default=None, help=f"default: {EXPERIMENTS[table]}")
+    p.add_argument("--results-root", default=None)
+    args = p.parse_args(argv)
+    render(table, args.profile, args.experiment, args.results_root)
+    return 0
