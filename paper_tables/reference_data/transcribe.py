@@ -1,9 +1,9 @@
-"""Transcribe the paper's published Tables 1 and 20-24 into JSON, once.
+"""Transcribe the paper's published Tables 1, 3, 8, 9, 10, 12, 13 and 20-24 into JSON, once.
 
     python paper_tables/reference_data/transcribe.py
 
 reads `state_reduction_in_linear_attention.md` (a verbatim copy of ../shared/papers/, sha256 checked)
-and writes table1.json, table20.json, table21.json ... table24.json beside it. The files are committed;
+and writes table1.json, table3.json ... table24.json beside it. The files are committed;
 tests/paper_tables/test_reference_tables.py re-reads the paper and checks every number in them.
 Accuracies stay in percent, as printed.
 """
@@ -22,6 +22,12 @@ METHODS = {"Rand": "rand", "L1": "l1", "S-Wanda": "wanda", "Grad": "grad", "DRRQ
 ZS_COLUMNS = ["wiki_ppl", "lambada_ppl", "arc_easy_acc_norm", "arc_challenge_acc_norm", "hellaswag_acc_norm",
               "winogrande_acc", "piqa_acc_norm", "lambada_acc", "zero_shot_avg"]
 ZS_TABLES = {21: "DeltaNet 370M", 22: "DeltaNet 1.3B", 23: "Gated DeltaNet 370M", 24: "Gated DeltaNet 1.3B"}
+CODESTRAL, MAMBA2_370M, QWEN = "Mamba-Codestral 7B", "Mamba-2 370M", "Qwen3.5 9B"
+# Table 8 names its tasks only; the accuracies are taken to be the same metrics as Tables 10 and 21-24
+TABLE8_COLUMNS = ["arc_easy_acc_norm", "arc_challenge_acc_norm", "hellaswag_acc_norm", "winogrande_acc",
+                  "piqa_acc_norm", "wiki_ppl"]
+# Table 12 (long context, percent): RULER and single-needle NIAH at 2K/4K tokens, SQuAD and SWDE completion
+LONG_CONTEXT_COLUMNS = ["ruler_2k_acc", "ruler_4k_acc", "niah_2k_acc", "niah_4k_acc", "squad_acc", "swde_acc"]
 
 
 def paper_text() -> str:
@@ -35,7 +41,7 @@ def paper_text() -> str:
 def markdown_table(text: str, number: int) -> tuple[str, list[list[str]]]:
     """The caption of 'Table N:' and the cells of the first markdown table after it (header rows included,
     the --- separator dropped)."""
-    match = re.search(rf"^Table {number}: (.*)$", text, flags=re.M)
+    match = re.search(rf"^Table {number}: (.*)$", text, flags=re.MULTILINE)
     if match is None:
         raise ValueError(f"Table {number} not found in {PAPER.name}")
     rows, started = [], False
@@ -98,6 +104,59 @@ def transcribe_zero_shot(text, number):
     return caption, out
 
 
+def _row(model, method, ratio, rft, **values) -> dict:
+    return {"model": model, "method": method, "ratio": 0.0 if method == "baseline" else ratio,
+            "rft": rft and method != "baseline", **values}
+
+
+def _configuration(cell: str) -> tuple[str, float]:
+    """'DRRQR 25%' -> ('drrqr', 0.25); 'Baseline' -> ('baseline', 0.0)."""
+    if cell == "Baseline":
+        return "baseline", 0.0
+    name, pct = cell.rsplit(" ", 1)
+    return METHODS[name], float(pct.rstrip("%")) / 100
+
+
+def transcribe_table3(text):
+    caption, rows = markdown_table(text, 3)
+    return caption, [_row(CODESTRAL, METHODS[c[0]], 0.5, False, wiki_ppl=_num(c[1]), zero_shot_avg=_num(c[2]))
+                     for c in rows[1:]]
+
+
+def transcribe_table8(text):
+    caption, rows = markdown_table(text, 8)
+    return caption, [_row(MAMBA2_370M, METHODS[c[0]], 0.75, False, **dict(zip(TABLE8_COLUMNS, map(_num, c[1:7]))))
+                     for c in rows[1:]]
+
+
+def transcribe_table9(text):
+    caption, rows = markdown_table(text, 9)
+    out, model = [], None
+    for cells in rows[1:]:
+        model = cells[0] or model  # the first row of a model group carries the model name
+        out.append(_row(model, METHODS[cells[1]], float(cells[2].rstrip("%")) / 100, False,
+                        wiki_ppl=_num(cells[3]), zero_shot_avg=_num(cells[4])))
+    return caption, out
+
+
+def transcribe_table10(text):
+    caption, rows = markdown_table(text, 10)
+    return caption, [_row(CODESTRAL, METHODS[c[0]], float(c[1].rstrip("%")) / 100, False,
+                          **dict(zip(ZS_COLUMNS, map(_num, c[2:11])))) for c in rows[1:]]
+
+
+def transcribe_table12(text):
+    caption, rows = markdown_table(text, 12)
+    return caption, [_row(QWEN, *_configuration(c[0]), True, **dict(zip(LONG_CONTEXT_COLUMNS, map(_num, c[1:7]))))
+                     for c in rows[1:]]
+
+
+def transcribe_table13(text):
+    caption, rows = markdown_table(text, 13)
+    return caption, [_row(QWEN, *_configuration(c[0]), False, wiki_ppl=_num(c[1]), lambada_ppl=_num(c[2]),
+                          zero_shot_avg=_num(c[3])) for c in rows[1:]]
+
+
 # Ablations (Tables 2, 7, 16): DeltaNet 370M at 75% (calibration) and every DeltaNet/GDN at 50% (selection), pre-RFT.
 CORPORA = {"FineWeb": "fineweb-edu", "PG19": "pg19", "Pile": "pile"}
 SELECT = {"$\\mathbf{K},\\mathbf{Q}$": "kq", "$\\mathbf{K}$": "k", "$\\mathbf{Q}$": "q"}
@@ -149,7 +208,9 @@ def transcribe_ablations(text) -> dict:
 
 def main() -> None:
     text = paper_text()
-    tables = {1: transcribe_table1(text), 20: transcribe_table20(text)}
+    tables = {1: transcribe_table1(text), 3: transcribe_table3(text), 8: transcribe_table8(text),
+              9: transcribe_table9(text), 10: transcribe_table10(text), 12: transcribe_table12(text),
+              13: transcribe_table13(text), 20: transcribe_table20(text)}
     tables.update({n: transcribe_zero_shot(text, n) for n in ZS_TABLES})
     tables.update(transcribe_ablations(text))
     for number, (caption, rows) in tables.items():
