@@ -99,8 +99,19 @@ def _cmd_evaluate(args) -> int:
 
 
 def _cmd_run_table(args) -> int:
-    from state_reduction.pipeline import run_table
+    from state_reduction.pipeline import plan_table, run_table
 
+    if args.dry_run:
+        plan = plan_table(args.experiment, args.table, args.profile, results_root=args.results_root)
+        print(f"{plan['table']} ({plan['profile']} profile), experiment {plan['experiment']}: "
+              f"results in {plan['results_dir']}")
+        for key, path in plan["models"].items():
+            print(f"  model {key}: {path}")
+        for stage, jobs in plan["stages"].items():
+            print(f"stage {stage}: {len(jobs)} runs")
+            for name, config in jobs:
+                print(f"  {name}: {json.dumps(config, sort_keys=True)}")
+        return 0
     paths = run_table(args.experiment, args.table, args.profile, results_root=args.results_root,
                       data_dir=args.data_dir)
     folder = paths[0].parent if paths else None
@@ -179,9 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
     b = sub.add_parser("run-table", help="run every missing stage (prune, evaluate, RFT) behind a paper table")
-    b.add_argument("table", help="table1, table20, table21, table22, table23, table24")
+    b.add_argument("table", help="a table declared by an experiment's config.yaml (table1, table3, table20, ...)")
     b.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
-    b.add_argument("--experiment", default="deltanet_gdn", help="experiments/<name>/config.yaml")
+    b.add_argument("--experiment", default=None,
+                   help="experiments/<name>/config.yaml (default: the experiment that declares the table)")
+    b.add_argument("--dry-run", action="store_true",
+                   help="print every stage and resolved configuration; run nothing, load no model, call no hub")
     b.add_argument("--results-root", default=None, help="default: results/ in the repository")
     b.add_argument("--data-dir", default=None)
     b.set_defaults(func=_cmd_run_table)

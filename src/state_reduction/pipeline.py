@@ -79,9 +79,33 @@ def resolve_model_path(path: str) -> str:
     return str(local) if not os.path.isabs(path) and local.exists() else path
 
 
+def find_experiment(table: str) -> str:
+    """The experiment whose config.yaml declares `table` under `tables:` (exactly one may)."""
+    owners = sorted(p.parent.name for p in EXPERIMENTS_DIR.glob("*/config.yaml")
+                    if table in (yaml.safe_load(p.read_text()) or {}).get("tables", {}))
+    if len(owners) != 1:
+        declared = sorted({t for p in EXPERIMENTS_DIR.glob("*/config.yaml")
+                           for t in (yaml.safe_load(p.read_text()) or {}).get("tables", {})},
+                          key=lambda t: (len(t), t))
+        raise PipelineError(f"{table!r} is declared by {len(owners)} experiments ({', '.join(owners) or 'none'}); "
+                            f"pass --experiment. Tables declared: {', '.join(declared)}")
+    return owners[0]
+
+
+def table_methods(spec: dict, table: str) -> list[str]:
+    """The table's `methods:` (a subset of the experiment's, e.g. Table 13 shows only DRRQR and L1), else all."""
+    methods = spec["tables"][table].get("methods", spec["methods"])
+    unknown = [m for m in methods if m not in spec["methods"]]
+    if unknown:
+        raise PipelineError(f"{table} of experiment {spec['experiment']!r} lists methods {unknown} that the "
+                            f"experiment does not run; its methods: {', '.join(spec['methods'])}")
+    return list(methods)
+
+
 def table_cells(spec: dict, table: str, profile: str) -> tuple[list[str], list[Cell], tuple[bool, ...]]:
     """(model keys, cells, rft states) of `table` on `profile`; the paper's model names map to model keys
-    through `stands_for`, and two names on one stand-in give one set of runs."""
+    through `stands_for`, and two names on one stand-in give one set of runs. The methods are the table's
+    `methods:` where it has one, else the experiment's."""
     tables = spec.get("tables", {})
     if table not in tables:
         raise PipelineError(f"experiment {spec['experiment']!r} does not feed {table!r}; tables: {', '.join(tables)}")
@@ -94,7 +118,7 @@ def table_cells(spec: dict, table: str, profile: str) -> tuple[list[str], list[C
             raise PipelineError(f"{table} needs {paper_name!r}, which no model of profile {profile!r} stands for")
         if key not in keys:
             keys.append(key)
-    cells = [Cell(k, m, float(r)) for k in keys for r in t["ratios"] for m in spec["methods"]]
+    cells = [Cell(k, m, float(r)) for k in keys for r in t["ratios"] for m in table_methods(spec, table)]
     cells = expand_vary(spec, table, profile, cells)
     return keys, cells, tuple(bool(x) for x in t["rft"])
 
@@ -148,8 +172,8 @@ def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell]) -> list
 class _Runner:
     """The stage functions of one experiment and profile."""
 
-    def __init__(self, spec: dict, profile: str, results_root=None, data_dir=None):
-        self.spec, self.profile, self.data_dir = spec, profile, data_dir
+    def __init__(self, spec: dict, profile: str, results_root=None, data_dir=None, dry_run: bool = False):
+        self.spec, self.profile, self.data_dir, self.dry_run = spec, profile, data_dir, dry_run
         self.p = profile_spec(spec, profile)
         self.out = results_dir(profile, spec["experiment"], results_root)
         self.models_dir = self.out / "models"
@@ -157,6 +181,13 @@ class _Runner:
 
     # -- configurations: each includes the key of what it builds on -------------------------------------
     def dense(self, key: str) -> dict:
+        if key not in self._dense and self.dry_run:  # no hub call, no file read: the plan only names the model
+            path = self.p["models"][key]["path"]
+            try:
+                path = resolve_model_path(path)
+            except PipelineError:
+                pass  # an unset ${VAR} stays visible in the plan
+            self._dense[key] = {"path": path, "weights_sha256": "<hashed at run time>"}
         if key not in self._dense:
             path = resolve_model_path(self.p["models"][key]["path"])
             self._dense[key] = {"path": path, **{k: v for k, v in model_entry(path).items() if k != "path"}}
@@ -273,9 +304,40 @@ class _Runner:
         return Cell(config["model"], config["method"], config["ratio"], tuple(sorted(config.get("vary", {}).items())))
 
 
-def run_table(experiment: str, table: str, profile: str = "tiny", results_root=None, data_dir=None,
+def _stage_jobs(runner: _Runner, keys, cells, rft_states, stages):
+    """(stage, [(result name, config)], stage function) in the order they run."""
+    if "baseline" in stages:
+        base = [Cell(k, "baseline", 0.0) for k in keys]
+        yield "baseline", [(f"{c.name}-eval", runner.eval_config(c, False)) for c in base], runner.run_eval
+    if "prune" in stages:
+        yield "prune", [(f"{c.name}-prune", runner.prune_config(c)) for c in cells], runner.run_prune
+    if False in rft_states and "eval-pre" in stages:
+        yield "eval-pre", [(f"{c.name}-eval-pre", runner.eval_config(c, False)) for c in cells], runner.run_eval
+    if True in rft_states and "rft" in stages:
+        yield "rft", [(f"{c.name}-rft", runner.rft_config(c)) for c in cells], runner.run_rft
+    if True in rft_states and "eval-post" in stages:
+        yield "eval-post", [(f"{c.name}-eval-post", runner.eval_config(c, True)) for c in cells], runner.run_eval
+
+
+def plan_table(experiment: str | None, table: str, profile: str = "tiny", results_root=None,
+               stages=STAGES) -> dict:
+    """What run_table would run, without running, loading a model or calling the hub: per stage the result
+    names and their resolved configurations (keys of upstream stages depend on the dense weights' hash, so
+    the plan shows configurations, not keys)."""
+    experiment = experiment or find_experiment(table)
+    spec = load_experiment(experiment)
+    keys, cells, rft_states = table_cells(spec, table, profile)
+    runner = _Runner(spec, profile, results_root, dry_run=True)
+    return {"experiment": spec["experiment"], "table": table, "profile": profile, "results_dir": str(runner.out),
+            "models": {k: runner.dense(k)["path"] for k in keys}, "rft": list(rft_states),
+            "stages": {stage: jobs for stage, jobs, _ in _stage_jobs(runner, keys, cells, rft_states, stages)}}
+
+
+def run_table(experiment: str | None, table: str, profile: str = "tiny", results_root=None, data_dir=None,
               stages=STAGES) -> list[Path]:
-    """Run what `table` needs and is missing; return the result files it reads."""
+    """Run what `table` needs and is missing; return the result files it reads. `experiment` None: the one
+    that declares the table (find_experiment)."""
+    experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile)
     if profile == "paper":
@@ -285,25 +347,15 @@ def run_table(experiment: str, table: str, profile: str = "tiny", results_root=N
             _require_hub()
         except EvaluationError as e:
             raise PipelineError(f"profile 'paper' runs the paper's checkpoints and lm-eval tasks from the "
-                                f"Hugging Face hub; {e}. Use --profile tiny (make {table} PROFILE=tiny) here") from None
+                                f"Hugging Face hub; {e}. Use --profile tiny (make {table} PROFILE=tiny) here, "
+                                f"or --dry-run to print the plan") from None
     import torch
 
     torch.manual_seed(0)
     runner = _Runner(spec, profile, results_root, data_dir)
     paths = []
-    if "baseline" in stages:
-        base = [Cell(k, "baseline", 0.0) for k in keys]
-        paths += run_sweep([(f"{c.name}-eval", runner.eval_config(c, False)) for c in base], runner.run_eval, runner.out)
-    if "prune" in stages:
-        paths += run_sweep([(f"{c.name}-prune", runner.prune_config(c)) for c in cells], runner.run_prune, runner.out)
-    if False in rft_states and "eval-pre" in stages:
-        paths += run_sweep([(f"{c.name}-eval-pre", runner.eval_config(c, False)) for c in cells],
-                           runner.run_eval, runner.out)
-    if True in rft_states and "rft" in stages:
-        paths += run_sweep([(f"{c.name}-rft", runner.rft_config(c)) for c in cells], runner.run_rft, runner.out)
-    if True in rft_states and "eval-post" in stages:
-        paths += run_sweep([(f"{c.name}-eval-post", runner.eval_config(c, True)) for c in cells],
-                           runner.run_eval, runner.out)
+    for _, jobs, fn in _stage_jobs(runner, keys, cells, rft_states, stages):
+        paths += run_sweep(jobs, fn, runner.out)
     return paths
 
 
