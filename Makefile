@@ -7,12 +7,13 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PROFILE ?= tiny
 PYTEST_ARGS ?=
-LM_TABLES := table1 table20 table21 table22 table23 table24
+LM_TABLES := table1 table3 table8 table9 table10 table12 table13 table20 table21 table22 table23 table24
 
 .PHONY: setup test $(LM_TABLES) tiny-models tokenizer clean-venv help
 
 help:
 	@echo "make table20   Table 20 (profile $(PROFILE)) as LaTeX and plots; also table1, table21 ... table24"
+	@echo "make table13   Table 13, Qwen3.5 pre-RFT (experiments/qwen3_5); also table12; Mamba-2: table3, table8 ... table10"
 	@echo "make table17   Table 17, decode speed (tiny profile: CPU benchmarks); also table18, table19, figure4"
 	@echo "make test      the test suite (CPU)"
 	@echo "make setup     create $(VENV) and install the project (idempotent)"
@@ -37,9 +38,11 @@ tokenizer: setup
 tiny-models: setup
 	$(VENV)/bin/state-reduction pretrain experiments/tiny_models/configs/*.yaml
 
-# The language-modelling tables of experiments/deltanet_gdn: each runs what is missing (dense baseline,
-# prune with the five methods, evaluate pre-RFT, RFT, evaluate post-RFT), then renders LaTeX, Markdown,
-# the comparison with the paper and the figure. A second run reruns nothing.
+# The language-modelling tables, each from the experiment whose config.yaml declares it (deltanet_gdn: 1, 20-24;
+# mamba2: 3, 8-10; qwen3_5: 12, 13): each runs what is missing (dense baseline, prune with the table's methods,
+# evaluate pre-RFT, RFT, evaluate post-RFT), then renders LaTeX, Markdown, the comparison with the paper and
+# the figure. A second run reruns nothing. `state-reduction run-table TABLE --profile paper --dry-run` prints
+# the plan without running it.
 $(LM_TABLES): setup
 	$(VENV)/bin/state-reduction run-table $@ --profile $(PROFILE)
 	$(PY) paper_tables/$@.py --profile $(PROFILE)

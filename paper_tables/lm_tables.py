@@ -1,7 +1,8 @@
-"""Render the language-modelling tables (Table 1, Table 20, Tables 21-24) from result JSON.
+"""Render the language-modelling tables (Tables 1, 3, 8, 9, 10, 12, 13, 20-24) from result JSON.
 
 Reads only result files (results/<profile>/<experiment>/*.json, through state_reduction.pipeline.collect)
-and the experiment's config.yaml (which cells a table has). Writes, per table:
+and the experiment's config.yaml (which cells a table has; the experiment is the one that declares the
+table unless given). Writes, per table:
   paper_tables/out/<profile>/<table>.tex   the paper's layout; best bold, second underlined among methods
   paper_tables/out/<profile>/<table>.md    the same as Markdown
   paper_tables/out/<profile>/<table>_vs_paper.md   our numbers beside the paper's published ones
@@ -15,7 +16,14 @@ import json
 import math
 from pathlib import Path
 
-from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells
+from state_reduction.pipeline import (
+    collect,
+    find_experiment,
+    load_experiment,
+    profile_spec,
+    table_cells,
+    table_methods,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "paper_tables" / "reference_data"
@@ -32,17 +40,23 @@ ACCURACIES = {
     "tiny": [("continuation_acc_norm", "Cont. acc\\_n"), ("next_sentence_acc", "NextS. acc"),
              ("lambada_acc", "LMB. acc")],
 }
-# our metric key -> the key in reference_data/*.json
+# Table 12 (long context): percent; measured by the long-context suite (issue 8), holes until it exists
+LONG_CONTEXT = [("ruler_2k_acc", "RULER 2K $\\uparrow$", False, 100.0), ("ruler_4k_acc", "RULER 4K $\\uparrow$", False, 100.0),
+                ("niah_2k_acc", "NIAH 2K $\\uparrow$", False, 100.0), ("niah_4k_acc", "NIAH 4K $\\uparrow$", False, 100.0),
+                ("squad_acc", "SQuAD $\\uparrow$", False, 100.0), ("swde_acc", "SWDE $\\uparrow$", False, 100.0)]
+# our metric key -> the key in reference_data/*.json (other keys are the same in both)
 PAPER_KEYS = {"wiki_word_perplexity": "wiki_ppl", "lambada_ppl": "lambada_ppl", "zero_shot_avg": "zero_shot_avg"}
 
 
 class Table:
     """The cells of one table on one profile: values by (model, method, ratio, rft) and the holes."""
 
-    def __init__(self, experiment: str, table: str, profile: str, results_root=None):
+    def __init__(self, experiment: str | None, table: str, profile: str, results_root=None):
+        experiment = experiment or find_experiment(table)
         self.experiment, self.table, self.profile = experiment, table, profile
         self.spec = load_experiment(experiment)
         self.models, self.cells, self.rft_states = table_cells(self.spec, table, profile)
+        self.methods = table_methods(self.spec, table)  # in the config's order, which is the paper's row order
         self.p = profile_spec(self.spec, profile)
         self.suite = self.p["evaluate"]["suite"]
         self.values = {}
@@ -84,7 +98,7 @@ def rank_marks(values: list, lower_is_better: bool) -> list[str]:
     """'best' / 'second' / '' per value (None never ranks); ties share the mark."""
     present = sorted({v for v in values if v is not None}, reverse=not lower_is_better)
     best = present[0] if present else None
-    second = present[1] if len(present) > 1 else None
+    second = present[1] if len(present) > 1 and len(values) > 2 else None  # of two, the other is simply worse
     return ["best" if v is not None and v == best else "second" if v is not None and v == second else ""
             for v in values]
 
@@ -100,8 +114,8 @@ def _md(v, mark) -> str:
 
 
 def _column_marks(t: Table, model, ratio, rft, metric) -> dict:
-    vals = [t.get(model, m, ratio, rft, metric) for m in METHOD_ORDER]
-    return dict(zip(METHOD_ORDER, rank_marks(vals, metric[2])))
+    vals = [t.get(model, m, ratio, rft, metric) for m in t.methods]
+    return dict(zip(t.methods, rank_marks(vals, metric[2])))
 
 
 # -- layouts -----------------------------------------------------------------------------------------------
@@ -111,7 +125,7 @@ def layout_pre_post(t: Table):
     header = ["Model", "Method"] + [f"{'Pre' if not rft else 'Post'}-RFT {m[1]}" for rft in (False, True) for m in metrics]
     rows = []
     for model in t.models:
-        for i, method in enumerate(METHOD_ORDER + ["baseline"]):
+        for i, method in enumerate(t.methods + ["baseline"]):
             cells = [t.model_label(model) if i == 0 else "", METHOD_NAMES[method]]
             for rft in (False, True):
                 for metric in metrics:
@@ -127,7 +141,7 @@ def layout_ratios_post(t: Table):
     header = ["Model", "Method"] + [f"{round(r * 100)}% {m[1]}" for r in t.ratios for m in metrics]
     rows = []
     for model in t.models:
-        for i, method in enumerate(METHOD_ORDER + ["baseline"]):
+        for i, method in enumerate(t.methods + ["baseline"]):
             cells = [t.model_label(model) if i == 0 else "", METHOD_NAMES[method]]
             for ratio in t.ratios:
                 for metric in metrics:
@@ -145,7 +159,7 @@ def layout_zero_shot(t: Table):
     for model in t.models:
         for ratio in t.ratios:
             for rft in t.rft_states:
-                for method in METHOD_ORDER:
+                for method in t.methods:
                     cells = [t.model_label(model), "yes" if rft else "no", METHOD_NAMES[method], f"{round(ratio * 100)}%"]
                     for metric in metrics:
                         cells.append((t.get(model, method, ratio, rft, metric),
@@ -156,18 +170,106 @@ def layout_zero_shot(t: Table):
     return header, rows
 
 
-LAYOUTS = {"table1": layout_ratios_post, "table20": layout_pre_post}
+def _pct(ratio: float) -> str:
+    return f"{round(ratio * 100)}%"
+
+
+def _configuration(method: str, ratio: float) -> str:
+    return "Baseline" if method == "baseline" else f"{METHOD_NAMES[method]} {_pct(ratio)}"
+
+
+def _method_rows(t: Table, model, metrics, rft: bool, first: list, order):
+    """Rows `first + labels(method, ratio) + metric cells` for (method, ratio) in `order`, marks among the
+    methods at the same ratio; the dense baseline has no mark."""
+    rows = []
+    for method, ratio in order:
+        cells = list(first(method, ratio))
+        for metric in metrics:
+            mark = "" if method == "baseline" else _column_marks(t, model, ratio, rft, metric)[method]
+            cells.append((t.get(model, method, ratio, rft, metric), mark))
+        rows.append(cells)
+    return rows
+
+
+def layout_method_columns(metrics_of):
+    """Tables 3 and 8: one ratio; per model Baseline, then one row per method (pre-RFT)."""
+    def layout(t: Table):
+        metrics = metrics_of(t)
+        header = ["Model", "Method"] + [m[1] for m in metrics]
+        order = [("baseline", 0.0)] + [(m, t.ratios[0]) for m in t.methods]
+        rows = []
+        for model in t.models:
+            block = _method_rows(t, model, metrics, False, lambda m, r: ["", METHOD_NAMES[m]], order)
+            block[0][0] = t.model_label(model)
+            rows += block
+        return header, rows
+    return layout
+
+
+def layout_models_ratios(t: Table):
+    """Table 9: per model Baseline 0%, then per ratio (ascending) each method: Wiki and the zero-shot mean."""
+    metrics = [WIKI, (ZS[0], "Zero-shot $\\uparrow$", False, 100.0)]
+    header = ["Model", "Method", "Compression"] + [m[1] for m in metrics]
+    rows = []
+    for model in t.models:
+        order = [("baseline", 0.0)] + [(m, r) for r in sorted(t.ratios) for m in t.methods]
+        block = _method_rows(t, model, metrics, False, lambda m, r: ["", METHOD_NAMES[m], _pct(r)], order)
+        block[0][0] = t.model_label(model)
+        rows += block
+    return header, rows
+
+
+def layout_ratio_zero_shot(t: Table):
+    """Table 10: per ratio (ascending) each method, then Baseline 0%: Wiki, LMB, the suite's accuracies, Avg."""
+    metrics = [WIKI, LMB] + [(k, h, False, 100.0) for k, h in ACCURACIES[t.suite]] + [(ZS[0], "Avg $\\uparrow$", False, 100.0)]
+    header = ["Model", "Method", "Compr."] + [m[1] for m in metrics]
+    rows = []
+    for model in t.models:
+        order = [(m, r) for r in sorted(t.ratios) for m in t.methods] + [("baseline", 0.0)]
+        label = t.model_label(model)
+        rows += _method_rows(t, model, metrics, t.rft_states[0], lambda m, r, label=label: [label, METHOD_NAMES[m], _pct(r)],
+                             order)
+    return header, rows
+
+
+def layout_configurations(metrics_of):
+    """Tables 12 and 13: 'Configuration' rows (Baseline, then 'DRRQR 25%', 'DRRQR 50%', 'L1 25%', ...)."""
+    def layout(t: Table):
+        metrics = metrics_of(t)
+        header = ["Model", "Configuration"] + [m[1] for m in metrics]
+        rows = []
+        for model in t.models:
+            order = [("baseline", 0.0)] + [(m, r) for m in t.methods for r in sorted(t.ratios)]
+            name = t.model_label(model)
+            rows += _method_rows(t, model, metrics, t.rft_states[0],
+                                 lambda m, r, name=name: [name, _configuration(m, r)], order)
+        return header, rows
+    return layout
+
+
+_TABLE8_ACCURACIES = {"paper": ACCURACIES["paper"][:5], "tiny": ACCURACIES["tiny"]}  # the paper's Table 8 omits LAMBADA
+LAYOUTS = {"table1": layout_ratios_post, "table20": layout_pre_post,
+           "table3": layout_method_columns(lambda t: [WIKI, ZS]),
+           "table8": layout_method_columns(lambda t: [(k, h, False, 100.0) for k, h in _TABLE8_ACCURACIES[t.suite]] + [WIKI]),
+           "table9": layout_models_ratios, "table10": layout_ratio_zero_shot,
+           "table12": layout_configurations(lambda t: LONG_CONTEXT),
+           "table13": layout_configurations(lambda t: [WIKI, (LMB[0], "LAMBADA $\\downarrow$", True, 1.0),
+                                                       (ZS[0], "Zero-shot $\\uparrow$", False, 100.0)])}
 LAYOUTS.update({f"table{n}": layout_zero_shot for n in (21, 22, 23, 24)})
+# the metrics set beside the paper's, where the paper's rows have them
+COMPARED = [WIKI, LMB, ZS] + [(k, h.split(" ")[0], False, 100.0) for k, h in ACCURACIES["paper"]] + LONG_CONTEXT
 
 
 def to_latex(t: Table, header, rows) -> str:
     n_text = sum(1 for c in rows[0] if isinstance(c, str))
     spec = "l" * n_text + "r" * (len(header) - n_text)
-    lines = [f"% {t.table} ({t.profile} profile) rendered by paper_tables/lm_tables.py from "
-             f"results/{t.profile}/{t.experiment}/; suite {t.suite}; best bold, second underlined among methods",
+    lines = [(f"% {t.table} ({t.profile} profile) rendered by paper_tables/lm_tables.py from "
+              f"results/{t.profile}/{t.experiment}/; suite {t.suite}; best bold, second underlined among methods"),
              f"\\begin{{tabular}}{{{spec}}}", "\\toprule", " & ".join(header) + " \\\\", "\\midrule"]
     for r in rows:
-        lines.append(" & ".join(c.replace("_", "\\_") if isinstance(c, str) else _tex(*c) for c in r) + " \\\\")
+        # '%' would start a LaTeX comment and swallow the rest of the row
+        lines.append(" & ".join(c.replace("_", "\\_").replace("%", "\\%") if isinstance(c, str) else _tex(*c)
+                                for c in r) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -188,10 +290,10 @@ def reference_rows(table: str) -> list[dict]:
 def comparison(t: Table) -> str:
     """Our value beside the paper's for every published row whose model our profile stands in for."""
     ref = reference_rows(t.table)
-    metrics = [WIKI, LMB, ZS]
+    metrics = [m for m in COMPARED if any(PAPER_KEYS.get(m[0], m[0]) in row for row in ref)] or [WIKI, LMB, ZS]
     lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
-             "Paper values are the published ones (paper_tables/reference_data). Tiny-profile models are ~10M-"
-             "parameter stand-ins on offline data and a different task suite: compare orderings, not magnitudes.", "",
+             ("Paper values are the published ones (paper_tables/reference_data). Tiny-profile models are ~10M-"
+              "parameter stand-ins on offline data and a different task suite: compare orderings, not magnitudes."), "",
              "| paper model | ours | method | compr. | RFT | " + " | ".join(
                  f"{m[1].split(' ')[0]} ours | {m[1].split(' ')[0]} paper" for m in metrics) + " |",
              "|" + "---|" * (5 + 2 * len(metrics))]
@@ -205,7 +307,8 @@ def comparison(t: Table) -> str:
         cells = [row["model"], model, METHOD_NAMES[row["method"]], f"{round(row['ratio'] * 100)}%",
                  "yes" if row["rft"] else "no"]
         for m in metrics:
-            cells += [_fmt(t.get(model, row["method"], row["ratio"], row["rft"], m)), _fmt(row.get(PAPER_KEYS[m[0]]))]
+            cells += [_fmt(t.get(model, row["method"], row["ratio"], row["rft"], m)),
+                      _fmt(row.get(PAPER_KEYS.get(m[0], m[0])))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -227,7 +330,7 @@ def plot(t: Table, stem: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     colors = plt.get_cmap("tab10")
     for ax, (model, rft) in zip(axes[0], panels):
-        for j, method in enumerate(METHOD_ORDER):
+        for j, method in enumerate(t.methods):
             pts = [(r, t.get(model, method, r, rft, WIKI)) for r in all_ratios]
             pts = [(r * 100, v) for r, v in pts if v is not None]
             if pts:
@@ -262,7 +365,7 @@ def _plot_bars(t: Table, stem: Path, ratio: float, plt) -> list[Path]:
     for ax, model in zip(axes[0], t.models):
         values = []
         for i, rft in enumerate((False, True)):
-            ys = [t.get(model, m, ratio, rft, WIKI) for m in METHOD_ORDER]
+            ys = [t.get(model, m, ratio, rft, WIKI) for m in t.methods]
             xs = [j + (i - 0.5) * width for j, y in enumerate(ys) if y is not None]
             ys = [y for y in ys if y is not None]
             values += ys
@@ -275,7 +378,7 @@ def _plot_bars(t: Table, stem: Path, ratio: float, plt) -> list[Path]:
         if values:
             lo, hi = min(values), max(values)
             ax.set_ylim(lo - 0.15 * (hi - lo + 1e-9), hi + 0.1 * (hi - lo + 1e-9))
-        ax.set_xticks(range(len(METHOD_ORDER)), [METHOD_NAMES[m] for m in METHOD_ORDER])
+        ax.set_xticks(range(len(t.methods)), [METHOD_NAMES[m] for m in t.methods])
         ax.set_ylabel("Wiki word perplexity")
         ax.set_title(f"{model}, {round(ratio * 100)}% of key channels removed", fontsize=9)
         ax.legend(fontsize=7)
@@ -284,7 +387,7 @@ def _plot_bars(t: Table, stem: Path, ratio: float, plt) -> list[Path]:
     return _save(fig, stem, plt)
 
 
-def render(table: str, profile: str = "tiny", experiment: str = "deltanet_gdn", results_root=None,
+def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
            out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False) -> dict:
     t = Table(experiment, table, profile, results_root)
     header, rows = LAYOUTS[table](t)
@@ -313,7 +416,7 @@ def main(table: str, argv=None) -> int:
 
     p = argparse.ArgumentParser(description=f"Render {table} from result JSON")
     p.add_argument("--profile", default="tiny", choices=["tiny", "paper"])
-    p.add_argument("--experiment", default="deltanet_gdn")
+    p.add_argument("--experiment", default=None, help="default: the experiment whose config.yaml declares the table")
     p.add_argument("--results-root", default=None)
     args = p.parse_args(argv)
     render(table, args.profile, args.experiment, args.results_root)
