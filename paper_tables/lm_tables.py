@@ -97,7 +97,7 @@ def _fmt(v) -> str:
 def rank_marks(values: list, lower_is_better: bool) -> list[str]:
     """'best' / 'second' / '' per value (None never ranks); ties share the mark."""
     present = sorted({v for v in values if v is not None}, reverse=not lower_is_better)
-    best = present[0] if present else None
+    best = present[0] if present and len(values) > 1 else None  # one method (Table 12) is no comparison
     second = present[1] if len(present) > 1 and len(values) > 2 else None  # of two, the other is simply worse
     return ["best" if v is not None and v == best else "second" if v is not None and v == second else ""
             for v in values]
@@ -391,6 +391,9 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
            out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False) -> dict:
     t = Table(experiment, table, profile, results_root)
     header, rows = LAYOUTS[table](t)
+    # e.g. Table 12's long-context columns, until a suite measures them
+    empty = [h for j, h in enumerate(header)
+             if all(not isinstance(r[j], str) and r[j][0] is None for r in rows)]
     out = (out_root or ROOT / "paper_tables" / "out") / profile
     out.mkdir(parents=True, exist_ok=True)
     written = {"tex": out / f"{table}.tex", "md": out / f"{table}.md", "vs_paper": out / f"{table}_vs_paper.md"}
@@ -405,9 +408,11 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
         print(cmp)
         if t.missing:
             print(f"{len(t.missing)} runs missing (rendered as --): {', '.join(t.missing)}")
+        if empty:
+            print(f"no result has these columns (rendered as --): {', '.join(empty)}")
         print("wrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
                                   for v in written.values() for p in (v if isinstance(v, list) else [v])))
-    written["missing"] = t.missing
+    written["missing"], written["empty_columns"] = t.missing, empty
     return written
 
 
