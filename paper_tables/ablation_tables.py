@@ -75,7 +75,8 @@ class AblationTable:
 def layout_coupled(t: AblationTable):
     """Table 16: method rows; per model K,Q | K | Q; best bold, second underlined among the three selections."""
     selects = ["kq", "k", "q"]
-    header = ["Method"] + [f"{t.model_label(m)} {SELECT_TEX[s]}" for m in t.models for s in selects]
+    short = {m: m if t.profile == "tiny" else t.p["models"][m]["stands_for"][0] for m in t.models}
+    header = ["Method"] + [f"{short[m]} {SELECT_TEX[s]}" for m in t.models for s in selects]
     rows = []
     for method in t.spec["methods"]:
         cells = [METHOD_NAMES[method]]
