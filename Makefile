@@ -14,6 +14,7 @@ LM_TABLES := table1 table3 table8 table9 table10 table12 table13 table20 table21
 help:
 	@echo "make table20   Table 20 (profile $(PROFILE)) as LaTeX and plots; also table1, table21 ... table24"
 	@echo "make table13   Table 13, Qwen3.5 pre-RFT (experiments/qwen3_5); also table12; Mamba-2: table3, table8 ... table10"
+	@echo "make table16   Table 16, K+Q vs K vs Q selection (experiments/coupled_selection); table2, table7: calibration sensitivity"
 	@echo "make table17   Table 17, decode speed (tiny profile: CPU benchmarks); also table18, table19, figure4"
 	@echo "make test      the test suite (CPU)"
 	@echo "make setup     create $(VENV) and install the project (idempotent)"
