@@ -274,8 +274,12 @@ def to_latex(t: Table, header, rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _plain(header: str) -> str:
+    return header.replace(" $\\downarrow$", " ↓").replace(" $\\uparrow$", " ↑").replace("\\_", "_")
+
+
 def to_markdown(header, rows) -> str:
-    clean = [h.replace(" $\\downarrow$", " ↓").replace(" $\\uparrow$", " ↑").replace("\\_", "_") for h in header]
+    clean = [_plain(h) for h in header]
     lines = ["| " + " | ".join(clean) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(c if isinstance(c, str) else _md(*c) for c in r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
@@ -412,7 +416,7 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
         if t.missing:
             print(f"{len(t.missing)} runs missing (rendered as --): {', '.join(t.missing)}")
         if empty:
-            print(f"no result has these columns (rendered as --): {', '.join(empty)}")
+            print(f"no result has these columns (rendered as --): {', '.join(map(_plain, empty))}")
         print("wrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
                                   for v in written.values() for p in (v if isinstance(v, list) else [v])))
     written["missing"], written["empty_columns"] = t.missing, empty
