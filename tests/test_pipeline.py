@@ -8,7 +8,12 @@ import pytest
 import torch
 import yaml
 
-from state_reduction.pipeline import PipelineError, load_experiment, run_table, table_cells
+from state_reduction.pipeline import (
+    PipelineError,
+    load_experiment,
+    run_table,
+    table_cells,
+)
 from state_reduction.results import read_result
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,8 +23,15 @@ from pathlib import Path
 import yaml
 
 from state_reduction.provenance import REPO_ROOT
-from state_reduction.results import (build_result, config_key, measure, model_entry, read_result, results_dir,
-                                     run_sweep)
+from state_reduction.results import (
+    build_result,
+    config_key,
+    measure,
+    model_entry,
+    read_result,
+    results_dir,
+    run_sweep,
+)
 
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
 STAGES = ("baseline", "prune", "eval-pre", "rft", "eval-post")

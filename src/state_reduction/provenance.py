@@ -20,7 +20,8 @@ TRACKED_PACKAGES = ("torch", "triton", "flash-linear-attention", "transformers",
 
 def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=30,
+                             check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

@@ -11,7 +11,7 @@ from state_reduction.results import build_result, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "paper_tables"))
-import lm_tables  # noqa: E402
+import lm_tables
 
 
 def put(root, model, method, ratio, rft, **metrics):

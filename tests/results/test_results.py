@@ -10,8 +10,15 @@ import time
 
 import pytest
 
-from state_reduction.results import (SCHEMA_VERSION, ResultsError, build_result, config_key, read_result,
-                                     run_sweep, write_result)
+from state_reduction.results import (
+    SCHEMA_VERSION,
+    ResultsError,
+    build_result,
+    config_key,
+    read_result,
+    run_sweep,
+    write_result,
+)
 
 
 def record(config, **metrics):

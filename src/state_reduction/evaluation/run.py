@@ -94,8 +94,9 @@ def _flatten(results: dict, table: dict) -> dict:
 def load_causal_lm(path: str, device: str = "cpu"):
     """(model, tokenizer) from a local checkpoint or a hub id, with errors that name the path: a local path
     that does not exist or has no config.json, or a model that is not a causal language model."""
-    import state_reduction  # noqa: F401  (Auto-class registration)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    import state_reduction  # noqa: F401  (Auto-class registration)
 
     local = Path(path)
     if local.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1:
