@@ -167,7 +167,7 @@ def to_markdown(header, rows) -> str:
 def comparison(t: AblationTable, header, rows) -> str:
     lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
              ("WikiText-2 word perplexity before RFT; paper values from paper_tables/reference_data. Tiny-profile "
-              "models are ~10M-parameter stand-ins on offline data: compare orderings and spreads, not magnitudes."), "",
+              "models are ~2M-parameter stand-ins on offline data: compare orderings and spreads, not magnitudes."), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
