@@ -299,7 +299,7 @@ def comparison(t: Table) -> str:
     # the paper's tasks that this profile's suite does not run would be columns of holes only
     metrics = [m for m in metrics if m[0] not in dict(ACCURACIES["paper"]) or m[0] in ours]
     lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
-             ("Paper values are the published ones (paper_tables/reference_data). Tiny-profile models are ~10M-"
+             ("Paper values are the published ones (paper_tables/reference_data). Tiny-profile models are ~2M-"
               "parameter stand-ins on offline data and a different task suite: compare orderings, not magnitudes."), "",
              "| paper model | ours | method | compr. | RFT | " + " | ".join(
                  f"{m[1].split(' ')[0]} ours | {m[1].split(' ')[0]} paper" for m in metrics) + " |",
