@@ -76,7 +76,7 @@ def _cmd_prune(args) -> int:
 def _cmd_evaluate(args) -> int:
     from state_reduction.backend import install_cpu_backend
     from state_reduction.evaluation import evaluate, load_causal_lm
-    from state_reduction.evaluation.run import _suite_table
+    from state_reduction.evaluation.run import HUB_SUITES, _suite_table
     from state_reduction.results import build_result, measure, model_entry, write_result
 
     _suite_table(args.suite)  # an unknown suite fails before the model loads
@@ -88,7 +88,7 @@ def _cmd_evaluate(args) -> int:
     config = {"model": args.model, "suite": args.suite, "batch_size": args.batch_size,
               "max_length": args.max_length, "limit": args.limit, "device": args.device}
     record = build_result(
-        "evaluate", profile="paper" if args.suite == "paper" else "tiny", experiment=args.experiment,
+        "evaluate", profile="paper" if args.suite in HUB_SUITES else "tiny", experiment=args.experiment,
         config=config, metrics=result["metrics"], model=model_entry(args.model),
         data={t: d["sha256"] for t, d in result["data"].items() if d}, wall_time_s=m["wall_time_s"],
         extra={k: result[k] for k in ("suite", "tasks", "n_examples", "tokenizer", "lm_eval_version")}
