@@ -90,3 +90,8 @@ table2 table7: setup
 table16: setup
 	$(VENV)/bin/state-reduction run-table $@ --experiment coupled_selection --profile $(PROFILE)
 	$(PY) paper_tables/$@.py --profile $(PROFILE)
+
+# A static, offline HTML page of every result of the profile: results/$(PROFILE)/dashboard.html
+.PHONY: dashboard
+dashboard: setup
+	$(PY) -m state_reduction.dashboard --profile $(PROFILE)
