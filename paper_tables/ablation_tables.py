@@ -13,7 +13,17 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from lm_tables import METHOD_NAMES, _fmt, _md, _tex, rank_marks, reference_rows
+from lm_tables import (
+    METHOD_NAMES,
+    _fmt,
+    _md,
+    _tex,
+    rank_marks,
+    reference_rows,
+    report,
+    write_outputs,
+)
+from lm_tables import main as lm_tables_main
 
 from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells
 
@@ -177,31 +187,14 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
            out_root: Path | None = None, quiet: bool = False) -> dict:
     t = AblationTable(table, profile, experiment, results_root)
     header, rows, paper_header, paper_rows = LAYOUTS[table](t)
-    out = (out_root or ROOT / "paper_tables" / "out") / profile
-    out.mkdir(parents=True, exist_ok=True)
-    written = {"tex": out / f"{table}.tex", "md": out / f"{table}.md", "vs_paper": out / f"{table}_vs_paper.md"}
-    written["tex"].write_text(to_latex(t, header, rows))
     md = to_markdown(header, rows)
-    written["md"].write_text(md)
-    cmp = comparison(t, paper_header, paper_rows)
-    written["vs_paper"].write_text(cmp)
+    written = write_outputs(table, profile, out_root, to_latex(t, header, rows), md,
+                            comparison(t, paper_header, paper_rows))
     if not quiet:
-        print(md)
-        print(cmp)
-        if t.missing:
-            print(f"{len(t.missing)} runs missing (rendered as --): {', '.join(t.missing)}")
-        print("wrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p) for p in written.values()))
+        report(written, md, t.missing)
     written["missing"] = t.missing
     return written
 
 
 def main(table: str, argv=None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(description=f"Render {table} from result JSON")
-    p.add_argument("--profile", default="tiny", choices=["tiny", "paper"])
-    p.add_argument("--experiment", default=None, help=f"default: {EXPERIMENTS[table]}")
-    p.add_argument("--results-root", default=None)
-    args = p.parse_args(argv)
-    render(table, args.profile, args.experiment, args.results_root)
-    return 0
+    return lm_tables_main(table, argv, render_fn=render, experiment_help=f"default: {EXPERIMENTS[table]}")

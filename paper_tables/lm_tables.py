@@ -401,35 +401,47 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
     # e.g. Table 12's long-context columns, until a suite measures them
     empty = [h for j, h in enumerate(header)
              if all(not isinstance(r[j], str) and r[j][0] is None for r in rows)]
-    out = (out_root or ROOT / "paper_tables" / "out") / profile
-    out.mkdir(parents=True, exist_ok=True)
-    written = {"tex": out / f"{table}.tex", "md": out / f"{table}.md", "vs_paper": out / f"{table}_vs_paper.md"}
-    written["tex"].write_text(to_latex(t, header, rows))
     md = to_markdown(header, rows)
-    written["md"].write_text(md)
-    cmp = comparison(t)
-    written["vs_paper"].write_text(cmp)
+    written = write_outputs(table, profile, out_root, to_latex(t, header, rows), md, comparison(t))
     written["figures"] = plot(t, (figures_root or ROOT / "figures") / profile / table)
+    notes = [f"no result has these columns (rendered as --): {', '.join(map(_plain, empty))}"] if empty else []
     if not quiet:
-        print(md)
-        print(cmp)
-        if t.missing:
-            print(f"{len(t.missing)} runs missing (rendered as --): {', '.join(t.missing)}")
-        if empty:
-            print(f"no result has these columns (rendered as --): {', '.join(map(_plain, empty))}")
-        print("wrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
-                                  for v in written.values() for p in (v if isinstance(v, list) else [v])))
+        report(written, md, t.missing, notes)
     written["missing"], written["empty_columns"] = t.missing, empty
     return written
 
 
-def main(table: str, argv=None) -> int:
+def write_outputs(table: str, profile: str, out_root: Path | None, tex: str, md: str, vs_paper: str) -> dict:
+    """paper_tables/out/<profile>/<table>.tex, .md and _vs_paper.md (the renderers' common outputs)."""
+    out = (out_root or ROOT / "paper_tables" / "out") / profile
+    out.mkdir(parents=True, exist_ok=True)
+    written = {"tex": out / f"{table}.tex", "md": out / f"{table}.md", "vs_paper": out / f"{table}_vs_paper.md"}
+    for key, text in (("tex", tex), ("md", md), ("vs_paper", vs_paper)):
+        written[key].write_text(text)
+    return written
+
+
+def report(written: dict, md: str, missing: list[str], notes=()) -> None:
+    """Print the table, the comparison with the paper, the holes and where the files are."""
+    print(md)
+    print(written["vs_paper"].read_text())
+    if missing:
+        print(f"{len(missing)} runs missing (rendered as --): {', '.join(missing)}")
+    for note in notes:
+        print(note)
+    print("wrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
+                              for v in written.values() for p in (v if isinstance(v, list) else [v])))
+
+
+def main(table: str, argv=None, render_fn=None, experiment_help: str | None = None) -> int:
+    """The command line of a table's renderer (`paper_tables/tableN.py`)."""
     import argparse
 
     p = argparse.ArgumentParser(description=f"Render {table} from result JSON")
     p.add_argument("--profile", default="tiny", choices=["tiny", "paper"])
-    p.add_argument("--experiment", default=None, help="default: the experiment whose config.yaml declares the table")
+    p.add_argument("--experiment", default=None,
+                   help=experiment_help or "default: the experiment whose config.yaml declares the table")
     p.add_argument("--results-root", default=None)
     args = p.parse_args(argv)
-    render(table, args.profile, args.experiment, args.results_root)
+    (render_fn or render)(table, args.profile, args.experiment, args.results_root)
     return 0

@@ -99,14 +99,9 @@ def _rotate_qk_weights(model, t: torch.Tensor) -> None:
                 w.copy_(torch.einsum("hrk,hki->hri", t, w.clone()))
 
 
-@pytest.mark.parametrize("family", list(CONFIGS))
-def test_orthogonal_invariance_prop31_on_real_layers(family, monkeypatch):
-    """Prop. 3.1: W_Q -> T W_Q, W_K -> T W_K (T orthogonal per head) leaves a (Gated) DeltaNet without q/k conv or
-    activation unchanged, decay and beta included, to float64 precision."""
-    if family == "gated_deltanet":
-        import fla.layers.gated_deltanet as gdn
-
-        monkeypatch.setattr(gdn, "F", _FunctionalWithoutSilu())
+def _logits_before_and_after_rotation(family: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of a float64 tiny model, then of the same model with W_Q and W_K rotated per head by one random
+    orthogonal T."""
     model = build_model(family, CONFIGS[family], seed=0, dtype=torch.float64).eval()
     ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -117,18 +112,22 @@ def test_orthogonal_invariance_prop31_on_real_layers(family, monkeypatch):
     _rotate_qk_weights(model, t)
     with torch.no_grad():
         rotated = model(input_ids=ids).logits
+    return dense, rotated
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_orthogonal_invariance_prop31_on_real_layers(family, monkeypatch):
+    """Prop. 3.1: W_Q -> T W_Q, W_K -> T W_K (T orthogonal per head) leaves a (Gated) DeltaNet without q/k conv or
+    activation unchanged, decay and beta included, to float64 precision."""
+    if family == "gated_deltanet":
+        import fla.layers.gated_deltanet as gdn
+
+        monkeypatch.setattr(gdn, "F", _FunctionalWithoutSilu())
+    dense, rotated = _logits_before_and_after_rotation(family)
     torch.testing.assert_close(rotated, dense, atol=1e-10, rtol=0)
 
 
 def test_orthogonal_rotation_is_not_invariant_through_an_activation():
     """The same rotation through GDN's q/k SiLU changes the output: the invariance needs nothing in between."""
-    model = build_model("gated_deltanet", CONFIGS["gated_deltanet"], seed=0, dtype=torch.float64).eval()
-    ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        dense = model(input_ids=ids).logits
-    heads, channels = get_adapter(model).key_heads(model.config)
-    t = torch.linalg.qr(torch.randn(heads, channels, channels, generator=torch.Generator().manual_seed(1),
-                                    dtype=torch.float64))[0]
-    _rotate_qk_weights(model, t)
-    with torch.no_grad():
-        assert (model(input_ids=ids).logits - dense).abs().max() > 1e-6
+    dense, rotated = _logits_before_and_after_rotation("gated_deltanet")
+    assert (rotated - dense).abs().max() > 1e-6
