@@ -95,3 +95,6 @@ table16: setup
 .PHONY: dashboard
 dashboard: setup
 	$(PY) -m state_reduction.dashboard --profile $(PROFILE)
+
+# Further targets live one file per study in mk/ (each experiment's own targets), included here.
+include $(sort $(wildcard mk/*.mk))
