@@ -16,6 +16,7 @@ help:
 	@echo "make table13   Table 13, Qwen3.5 pre-RFT (experiments/qwen3_5); also table12; Mamba-2: table3, table8 ... table10"
 	@echo "make table16   Table 16, K+Q vs K vs Q selection (experiments/coupled_selection); table2, table7: calibration sensitivity"
 	@echo "make table17   Table 17, decode speed (tiny profile: CPU benchmarks); also table18, table19, figure4"
+	@echo "make submit    Slurm job array of an experiment (EXP=..., PROFILE=...); make status; make wandb-sync"
 	@echo "make test      the test suite (CPU)"
 	@echo "make setup     create $(VENV) and install the project (idempotent)"
 

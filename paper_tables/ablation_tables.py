@@ -184,7 +184,8 @@ def comparison(t: AblationTable, header, rows) -> str:
 
 
 def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
-           out_root: Path | None = None, quiet: bool = False) -> dict:
+           out_root: Path | None = None, quiet: bool = False, figures_root: Path | None = None) -> dict:
+    """Tables only (no figure): `figures_root` is accepted for the common renderer command line."""
     t = AblationTable(table, profile, experiment, results_root)
     header, rows, paper_header, paper_rows = LAYOUTS[table](t)
     md = to_markdown(header, rows)

@@ -60,7 +60,7 @@ class Table:
         self.p = profile_spec(self.spec, profile)
         self.suite = self.p["evaluate"]["suite"]
         self.values = {}
-        for r in collect(experiment, profile, results_root):
+        for r in collect(self.spec["experiment"], profile, results_root):
             if r["kind"] != "evaluate":
                 continue
             c = r["config"]
@@ -442,6 +442,13 @@ def main(table: str, argv=None, render_fn=None, experiment_help: str | None = No
     p.add_argument("--experiment", default=None,
                    help=experiment_help or "default: the experiment whose config.yaml declares the table")
     p.add_argument("--results-root", default=None)
+    p.add_argument("--out-root", default=None, type=Path,
+                   help="write OUT_ROOT/<profile>/<table>.* and OUT_ROOT/figures/<profile>/ instead of "
+                        "paper_tables/out/ and figures/")
     args = p.parse_args(argv)
-    (render_fn or render)(table, args.profile, args.experiment, args.results_root)
+    if args.out_root is None:
+        (render_fn or render)(table, args.profile, args.experiment, args.results_root)
+    else:
+        (render_fn or render)(table, args.profile, args.experiment, args.results_root,
+                              out_root=args.out_root, figures_root=args.out_root / "figures")
     return 0

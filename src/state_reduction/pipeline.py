@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,6 @@ from state_reduction.results import (
     config_key,
     measure,
     model_entry,
-    read_result,
     results_dir,
     run_sweep,
 )
@@ -266,6 +264,7 @@ class _Runner:
 
         student = self.ensure_pruned(cell)
         overrides = {k: v for k, v in config.items() if k not in self._base(cell, "rft") and k not in ("pruned", "preset", "preset_values")}
+        overrides.setdefault("wandb", "disabled")  # the result's wandb mirror carries the loss curve, with tags
         cfg = RFTConfig.from_preset(config["preset"], str(student), self.dense(cell.model)["path"], str(folder),
                                     profile=self.profile, experiment=self.spec["experiment"], resume=True,
                                     **overrides)
@@ -326,6 +325,19 @@ def _stage_jobs(runner: _Runner, keys, cells, rft_states, stages):
         yield "eval-post", [(f"{c.name}-eval-post", runner.eval_config(c, True)) for c in cells], runner.run_eval
 
 
+def _require_hub_for(profile: str, what: str) -> None:
+    if profile != "paper":
+        return
+    from state_reduction.evaluation.run import EvaluationError, _require_hub
+
+    try:
+        _require_hub()
+    except EvaluationError as e:
+        raise PipelineError(f"profile 'paper' runs the paper's checkpoints and lm-eval tasks from the "
+                            f"Hugging Face hub; {e}. Use --profile tiny ({what} with PROFILE=tiny) here, "
+                            f"or --dry-run to print the plan") from None
+
+
 def plan_table(experiment: str | None, table: str, profile: str = "tiny", results_root=None,
                stages=STAGES) -> dict:
     """What run_table would run, without running, loading a model or calling the hub: per stage the result
@@ -347,31 +359,97 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile)
-    if profile == "paper":
-        from state_reduction.evaluation.run import EvaluationError, _require_hub
-
-        try:
-            _require_hub()
-        except EvaluationError as e:
-            raise PipelineError(f"profile 'paper' runs the paper's checkpoints and lm-eval tasks from the "
-                                f"Hugging Face hub; {e}. Use --profile tiny (make {table} PROFILE=tiny) here, "
-                                f"or --dry-run to print the plan") from None
+    _require_hub_for(profile, f"make {table}")
     import torch
 
     torch.manual_seed(0)
     runner = _Runner(spec, profile, results_root, data_dir)
     paths = []
     for _, jobs, fn in _stage_jobs(runner, keys, cells, rft_states, stages):
-        paths += run_sweep(jobs, fn, runner.out)
+        paths += run_sweep(jobs, fn, runner.out, on_result=_mirror(runner))
     return paths
 
 
-def collect(experiment: str, profile: str, results_root=None) -> list[dict]:
-    """Every result of the experiment on the profile (renderers read these)."""
-    folder = results_dir(profile, experiment, results_root)
-    return [read_result(p) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+def _mirror(runner: _Runner):
+    """run_sweep's on_result: each new result is mirrored to wandb (offline unless configured online)."""
+    from state_reduction.tracking import mirror_result
+
+    return lambda path, record: mirror_result(path, record, results_root=runner.out.parent.parent)
 
 
-def clean_models(experiment: str, profile: str, results_root=None) -> None:
-    """Remove the model artifacts (results stay; a rerun re-creates only what an unfinished stage needs)."""
-    shutil.rmtree(results_dir(profile, experiment, results_root) / "models", ignore_errors=True)
+@dataclass(frozen=True)
+class Task:
+    """One unit of work for a cluster job array: a model's dense baseline, or every stage of one cell that
+    the experiment's tables need. Its results are the same files, with the same config keys, as run_table's."""
+
+    name: str
+    model: str
+    cell: Cell | None  # None: the dense baseline
+    rft_states: tuple[bool, ...] = (False,)
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        if self.cell is None:
+            return ("baseline",)
+        return ("prune",) + (("eval-pre",) if False in self.rft_states else ()) + \
+            (("rft", "eval-post") if True in self.rft_states else ())
+
+    @property
+    def result_names(self) -> list[str]:
+        """Its result files' names (without .json), as run_table names them."""
+        if self.cell is None:
+            return [f"{Cell(self.model, 'baseline', 0.0).name}-eval"]
+        return [f"{self.cell.name}-{stage}" for stage in self.stages]
+
+
+def plan_tasks(experiment: str, profile: str = "tiny", tables=None) -> list[Task]:
+    """The tasks of `tables` (default: every table of the experiment) on `profile`: one per model for the
+    dense baseline, then one per distinct cell (a cell shared by several tables is one task, with the union
+    of their RFT states), in table order."""
+    spec = load_experiment(experiment)
+    tables = list(tables or spec["tables"])
+    models, cells = {}, {}
+    for table in tables:
+        keys, table_cells_, rft_states = table_cells(spec, table, profile)
+        models.update(dict.fromkeys(keys))
+        for c in table_cells_:
+            cells[c] = cells.get(c, set()) | set(rft_states)
+    return ([Task(f"{k}-baseline", k, None) for k in models]
+            + [Task(c.name, c.model, c, tuple(sorted(s))) for c, s in cells.items()])
+
+
+def find_task(experiment: str, name: str, profile: str = "tiny", tables=None) -> Task:
+    import difflib
+
+    tasks = {t.name: t for t in plan_tasks(experiment, profile, tables)}
+    if name not in tasks:
+        close = difflib.get_close_matches(name, tasks, n=3)
+        raise PipelineError(f"experiment {experiment!r} ({profile} profile) has no task {name!r}"
+                            + (f"; did you mean {', '.join(close)}?" if close else f"; tasks: {', '.join(tasks)}"))
+    return tasks[name]
+
+
+def task_jobs(experiment: str, name: str, profile: str = "tiny", tables=None, stages=STAGES, results_root=None,
+              data_dir=None):
+    """(runner, [(stage, [(result name, config)], stage function)]) of one task, restricted to `stages`."""
+    task = find_task(experiment, name, profile, tables)
+    runner = _Runner(load_experiment(experiment), profile, results_root, data_dir)
+    wanted = tuple(s for s in task.stages if s in stages)
+    if task.cell is None:
+        return runner, list(_stage_jobs(runner, [task.model], [], (False,), wanted))
+    return runner, list(_stage_jobs(runner, [], [task.cell], task.rft_states, wanted))
+
+
+def run_task(experiment: str, name: str, profile: str = "tiny", tables=None, stages=STAGES, results_root=None,
+             data_dir=None) -> list[Path]:
+    """Run what is missing of one task of plan_tasks (a job array element); return its result files."""
+    find_task(experiment, name, profile, tables)
+    _require_hub_for(profile, "run the task")
+    import torch
+
+    torch.manual_seed(0)
+    runner, jobs = task_jobs(experiment, name, profile, tables, stages, results_root, data_dir)
+    paths = []
+    for _, stage_jobs, fn in jobs:
+        paths += run_sweep(stage_jobs, fn, runner.out, on_result=_mirror(runner))
+    return paths

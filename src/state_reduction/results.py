@@ -184,12 +184,15 @@ def _remove_stale_temporaries(out_dir: Path) -> None:
 
 
 def run_sweep(cells: Iterable[tuple[str, dict]], run: Callable[[str, dict], dict], out_dir: str | Path,
-              progress: bool = True) -> list[Path]:
+              progress: bool = True, on_result: Callable[[Path, dict], None] | None = None) -> list[Path]:
     """Run each (name, config) cell whose result `out_dir/name.json` is missing or has another config key.
 
     `run(name, config)` returns a complete result record (build_result); it is written atomically as soon
     as the cell finishes, so a sweep killed midway loses at most the cell in progress and a rerun skips
-    every finished one. Cell names must be unique."""
+    every finished one; then `on_result(path, record)` is called (e.g. to mirror it to wandb). Cell names
+    must be unique. Under torchrun only rank 0 writes (every rank runs the cell)."""
+    import os
+
     from tqdm.auto import tqdm
 
     cells = list(cells)
@@ -210,5 +213,37 @@ def run_sweep(cells: Iterable[tuple[str, dict]], run: Callable[[str, dict], dict
         if record.get("config_key") != config_key(config):
             raise ResultsError(f"{path}: the run returned a record for another config (key "
                                f"{record.get('config_key')} != {config_key(config)})")
+        if int(os.environ.get("RANK", "0")) != 0:
+            continue
         write_result(path, record)
+        if on_result is not None:
+            on_result(path, record)
     return paths
+
+
+TIMING_METRICS = ("wall_time_s", "tokens_per_s", "train_time_s", "eval_time_s")
+
+
+def compare_results(dir_a: str | Path, dir_b: str | Path, rel_tol: float = 0.0) -> list[str]:
+    """Differences between two result folders (e.g. a Slurm run and a local run of the same sweep): files on
+    one side only, other config keys, other metrics (timings excluded; `rel_tol` 0 asks for equality)."""
+    import math
+
+    a = {p.name: p for p in Path(dir_a).glob("*.json")}
+    b = {p.name: p for p in Path(dir_b).glob("*.json")}
+    problems = [f"only in {dir_a}: {n}" for n in sorted(a.keys() - b.keys())]
+    problems += [f"only in {dir_b}: {n}" for n in sorted(b.keys() - a.keys())]
+    for name in sorted(a.keys() & b.keys()):
+        ra, rb = read_result(a[name]), read_result(b[name])
+        if ra["config_key"] != rb["config_key"]:
+            problems.append(f"{name}: config key {ra['config_key']} != {rb['config_key']}")
+            continue
+        ma = {k: v for k, v in ra["metrics"].items() if k not in TIMING_METRICS}
+        mb = {k: v for k, v in rb["metrics"].items() if k not in TIMING_METRICS}
+        for k in sorted(ma.keys() | mb.keys()):
+            va, vb = ma.get(k), mb.get(k)
+            same = va == vb or (isinstance(va, float) and isinstance(vb, float)
+                                and math.isclose(va, vb, rel_tol=rel_tol, abs_tol=0.0))
+            if not same:
+                problems.append(f"{name}: {k} {va!r} != {vb!r}")
+    return problems
