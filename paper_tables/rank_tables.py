@@ -491,8 +491,8 @@ def render_figure7(r: RankResults, figures_root=None):
                 ax.set_xticks(range(len(img[0])))
                 ax.set_xlabel("tap (newest first)", fontsize=6)
                 ax.tick_params(labelsize=5)
-                rows.append([f"L{layer} {name}", ", ".join(fmt(w, 2) for w in c["within_head"]),
-                             fmt(c["across_heads"], 2), str(c["dead_filters"]),
+                rows.append([f"L{layer} {name}", ", ".join(fmt(w, 3) for w in c["within_head"]),
+                             fmt(c["across_heads"], 3), str(c["dead_filters"]),
                              "yes" if all(w is not None and c["across_heads"] is not None and w > c["across_heads"]
                                           for w in c["within_head"]) else "no"])
         fig.suptitle(f"Figure 7 ({r.profile}): q/k conv filters, {r.model_label(model)}", fontsize=8)

@@ -147,8 +147,8 @@ def test_figure6_reports_the_gap_that_rft_opened(results, tmp_path):
 
 def test_figure7_compares_within_and_across_heads(results, tmp_path):
     md = _texts(_render("figure7", results, tmp_path))["md"]
-    assert "| L0 q | 0.99, 0.20 | 0.10 | 0 | yes |" in md
-    assert "| L0 k | 0.50, -- | 0.00 | 2 | no |" in md
+    assert "| L0 q | 0.990, 0.200 | 0.100 | 0 | yes |" in md
+    assert "| L0 k | 0.500, -- | 0.000 | 2 | no |" in md
 
 
 def test_spectral_gap_and_tail_share_by_hand():
