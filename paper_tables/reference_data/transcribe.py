@@ -1,4 +1,5 @@
-"""Transcribe the paper's published Tables 1, 3, 8, 9, 10, 12, 13 and 20-24 into JSON, once.
+"""Transcribe the paper's published Tables 1, 3, 8, 9, 10, 12, 13 and 20-24 into JSON, once (also Tables 2, 7, 16
+and the rank analysis: Tables 5, 6 and the two overlap numbers of appendix C.2, as tableC2.json).
 
     python paper_tables/reference_data/transcribe.py
 
@@ -206,6 +207,56 @@ def transcribe_ablations(text) -> dict:
     return {2: transcribe_calibration(text, 2), 7: transcribe_calibration(text, 7), 16: transcribe_table16(text)}
 
 
+# Rank analysis (appendix C.1, C.2): DeltaNet 370M at 75%, pre-RFT.
+RANK_UNITS = {"u_*": "rank utilisation er(S)/d_k, a fraction", "pearson": "Pearson rho with the baseline per head",
+              "sigma_*": "singular values of the kept [Q;K] columns (the authors' 5000+5000 subsampled rows)",
+              "kappa": "median over heads of sigma_max/sigma_min", "*shared*": "channels per head"}
+
+
+def _method_and_dk(cell: str) -> tuple[str, int | None]:
+    """'Baseline ($d_{k}\\!=\\!128$)' -> ('baseline', 128); 'DRRQR' -> ('drrqr', None)."""
+    name = cell.split(" (")[0].strip()
+    dk = re.search(r"=(?:\\!)?(\d+)\$", cell)
+    return METHODS[name], int(dk.group(1)) if dk else None
+
+
+def transcribe_table5(text):
+    """Per-head rank utilisation: mean, std, min, max over (layer, head) and rho with the baseline."""
+    caption, rows = markdown_table(text, 5)
+    assert rows[0][1:5] == ["Mean", "Std", "Min", "Max"], rows[0]
+    out = []
+    for cells in rows[1:]:
+        method, dk = _method_and_dk(cells[0])
+        out.append({"model": "DeltaNet 370M", "method": method, "ratio": 0.0 if method == "baseline" else 0.75,
+                    "rft": False, "d_k": dk, **dict(zip(("u_mean", "u_std", "u_min", "u_max", "pearson"),
+                                                        map(_num, cells[1:6])))})
+    return caption, out
+
+
+def transcribe_table6(text):
+    """Median sigma_min, sigma_max and kappa of the kept [Q;K] columns per head."""
+    caption, rows = markdown_table(text, 6)
+    out = []
+    for cells in rows[1:]:
+        method, dk = _method_and_dk(cells[0])
+        out.append({"model": "DeltaNet 370M", "method": method, "ratio": 0.0 if method == "baseline" else 0.75,
+                    "rft": False, "d_k": dk, **dict(zip(("sigma_min", "sigma_max", "kappa"), map(_num, cells[1:4])))})
+    return caption, out
+
+
+def transcribe_overlap(text):
+    """Appendix C.2's prose: median channels per head that DRRQR shares with Grad and with Rand."""
+    match = re.search(r"DRRQR and Grad share a median of (\d+) of the (\d+) retained channels per head on "
+                      r"(DeltaNet 370M) at (\d+)% compression, whereas random selection shares (\d+)\.", text)
+    if match is None:
+        raise ValueError(f"the overlap sentence of appendix C.2 is not in {PAPER.name}")
+    grad, kept, model, pct, rand = match.groups()
+    caption = "Appendix C.2: kept channels per head shared by two selections (median over heads)"
+    base = {"model": model, "ratio": int(pct) / 100, "rft": False, "kept": int(kept)}
+    return caption, [{**base, "method": "drrqr", "compare": "grad", "median_shared": int(grad)},
+                     {**base, "method": "drrqr", "compare": "rand", "median_shared": int(rand)}]
+
+
 def main() -> None:
     text = paper_text()
     tables = {1: transcribe_table1(text), 3: transcribe_table3(text), 8: transcribe_table8(text),
@@ -218,6 +269,12 @@ def main() -> None:
                "units": {"*_ppl": "perplexity", "*_acc*, zero_shot_avg": "percent"}, "rows": rows}
         (HERE / f"table{number}.json").write_text(json.dumps(doc, indent=1) + "\n")
         print(f"table{number}.json: {len(rows)} rows")
+    for name, (caption, rows) in {5: transcribe_table5(text), 6: transcribe_table6(text),
+                                  "C2": transcribe_overlap(text)}.items():
+        doc = {"table": name, "source": PAPER.name, "source_sha256": PAPER_SHA256, "caption": caption,
+               "units": RANK_UNITS, "rows": rows}
+        (HERE / f"table{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"table{name}.json: {len(rows)} rows")
 
 
 if __name__ == "__main__":

@@ -112,3 +112,20 @@ def test_degenerate_head_is_flagged_not_nan(tmp_path):
     assert record["metrics"]["degenerate_heads"] == 1
     assert record["extra"]["dense"]["conditioning"]["per_layer"]["0"][0]["degenerate"]
     assert record["metrics"]["u_per_layer"]["0"] is not None  # the other head still counts
+
+
+def test_selection_model_must_keep_what_the_selection_keeps(tmp_path, pruned, capsys):
+    """--selection-model (e.g. the model after RFT) is analysed for the selection; the dense model does not fit."""
+    sel = str(pruned["gated_deltanet", "drrqr"])
+    out = tmp_path / "o.json"
+    assert main(["analyze", GDN, "--selection", sel, "--selection-model", sel, "--out", str(out), *SMALL]) == 0
+    extra = read_result(out)["extra"]
+    assert extra["selection"]["model_dir"] == sel and extra["selection"]["states"]["0"]["d_k"] == 32
+    heads = extra["dense"]["states"]["0"]["heads"]
+    assert extra["dense"]["states"]["0"]["positions"] == [16, 32, 48, 64]
+    assert all(len(h["u_by_position"]) == 4 and h["u_by_position"][-1] is not None for h in heads)
+    assert main(["analyze", GDN, "--selection", sel, "--selection-model", GDN, "--out", str(out), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert GDN in err and "selection.json" in err and "2 key heads x 64" in err and "keeps 2 x 32" in err
+    assert main(["analyze", GDN, "--selection-model", sel, "--out", str(out), *SMALL]) == 2
+    assert "--selection-model needs --selection" in capsys.readouterr().err

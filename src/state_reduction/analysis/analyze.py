@@ -3,13 +3,17 @@ two selections, utilisation before vs after pruning, conv filter similarity; one
 
 The result's `extra` holds, per layer (keys are layer indices as strings):
   dense.states[layer]        d_k, d_v, divisor, u_mean, degenerate_heads, heads[h] = {er, u, u_std, spectrum
-                             (mean sigma_i / sigma_1 over states), spectrum_raw, n_states, n_degenerate, degenerate}
+                             (mean sigma_i / sigma_1 over states), spectrum_raw, n_states, n_degenerate, degenerate,
+                             u_by_position (mean u over sequences at each of `positions`, None where degenerate)},
+                             positions (token counts at which the states are taken; Figure 3)
                              h runs over *state* heads (value heads: Qwen3.5's value heads share key heads)
   dense.conditioning         per_layer[layer][key head] = {sigma_min, sigma_max, kappa, degenerate}, median (Table 6)
-  selection / compare        path, method, kept, conditioning (kept columns), states (after pruning), pearson_u
+  selection / compare        path, method, kept, conditioning (kept columns), states (after pruning; of
+                             `selection_model` where given, e.g. the model after RFT), pearson_u
                              (Table 5 rho over all (layer, head)), utilization_summary (mean, std, min, max)
   overlap                    per_layer[layer][head] shared channels, median (appendix C.2)
-  conv_similarity[layer]     q / k: within_head[h] mean cosine of channel filters, across_heads, dead_filters (Fig. 7)
+  conv_similarity[layer]     q / k: within_head[h] mean cosine of channel filters, across_heads, dead_filters,
+                             filters[h][channel] (the taps, for the Figure 7 heat map)
 Degenerate heads (all-zero states or activations) are None with a flag; no metric is ever NaN."""
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class AnalyzeConfig:
     model: str
     selection: str | None = None
     compare: str | None = None
+    selection_model: str | None = None  # the reduced model analysed for `selection` (default: its own folder)
     calib: str = "ptb"
     stream: str = "calibration"  # Table 6 measures the activations the selectors saw; "evaluation" is held out
     n_calib: int = 4
@@ -84,7 +89,10 @@ def state_statistics(model, adapter, windows: torch.Tensor, stride: int = 16, di
         er, degenerate = effective_rank_from_singular_values(sv)
         ok = (~degenerate).double()
         norm_sv = sv / sv[..., :1].clamp_min(1e-300) * ok[..., None]
-        a = acc.setdefault(layer, {"d_k": d_k, "d_v": d_v, "er": 0, "er2": 0, "n": 0, "deg": 0, "spec": 0, "raw": 0})
+        a = acc.setdefault(layer, {"d_k": d_k, "d_v": d_v, "er": 0, "er2": 0, "n": 0, "deg": 0, "spec": 0, "raw": 0,
+                                   "pos_er": 0, "pos_n": 0, "positions": _positions(inputs.q.shape[1], stride)})
+        a["pos_er"] = a["pos_er"] + (er * ok).sum(0)  # [n, HV]
+        a["pos_n"] = a["pos_n"] + ok.sum(0)
         a["er"] = a["er"] + (er * ok).sum((0, 1))
         a["er2"] = a["er2"] + (er.square() * ok).sum((0, 1))
         a["n"] = a["n"] + ok.sum((0, 1))
@@ -100,21 +108,29 @@ def state_statistics(model, adapter, windows: torch.Tensor, stride: int = 16, di
         heads = []
         for h in range(a["n"].shape[0]):
             n, deg = int(a["n"][h]), int(a["deg"][h])
+            by_position = [round(float(e) / float(c) / d, 6) if c > 0 else None
+                           for e, c in zip(a["pos_er"][:, h], a["pos_n"][:, h])]
             if n == 0:
                 heads.append({"er": None, "u": None, "u_std": None, "spectrum": None, "spectrum_raw": None,
-                              "n_states": 0, "n_degenerate": deg, "degenerate": True})
+                              "n_states": 0, "n_degenerate": deg, "degenerate": True, "u_by_position": by_position})
                 continue
             er_mean = float(a["er"][h]) / n
             er_var = max(float(a["er2"][h]) / n - er_mean ** 2, 0.0)
             heads.append({"er": er_mean, "u": er_mean / d, "u_std": er_var ** 0.5 / d,
                           "spectrum": [round(float(x) / n, 6) for x in a["spec"][h]],
                           "spectrum_raw": [round(float(x) / n, 6) for x in a["raw"][h]],
-                          "n_states": n, "n_degenerate": deg, "degenerate": False})
+                          "n_states": n, "n_degenerate": deg, "degenerate": False, "u_by_position": by_position})
         us = [x["u"] for x in heads if x["u"] is not None]
-        out[layer] = {"d_k": a["d_k"], "d_v": a["d_v"], "divisor": d, "heads": heads,
+        out[layer] = {"d_k": a["d_k"], "d_v": a["d_v"], "divisor": d, "heads": heads, "positions": a["positions"],
                       "u_mean": sum(us) / len(us) if us else None,
                       "degenerate_heads": [h for h, x in enumerate(heads) if x["degenerate"]]}
     return out
+
+
+def _positions(t: int, stride: int) -> list[int]:
+    """The token counts at which `states_at` takes the state: stride, 2*stride, ... and t."""
+    ends = list(range(stride, t + 1, stride))
+    return ends if ends and ends[-1] == t else ends + [t]
 
 
 def _flat(stats: dict[int, dict], key: str = "u") -> list[float | None]:
@@ -142,6 +158,14 @@ def conditioning(calibration: dict, keep: dict[int, torch.Tensor] | None) -> dic
             "degenerate_heads": sum(h["degenerate"] for h in heads)}
 
 
+def check_reduced(model, adapter, path: str, selection: LoadedSelection) -> None:
+    """The reduced model analysed for a selection must keep as many key channels per head as the selection."""
+    heads, key_dim = adapter.key_heads(model.config)
+    if (heads, key_dim) != (selection.key_heads, selection.kept):
+        raise ValueError(f"analyze: model {path} has {heads} key heads x {key_dim} channels, but selection "
+                         f"{selection.path} keeps {selection.key_heads} x {selection.kept}")
+
+
 def _load(path: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -165,6 +189,8 @@ def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "ana
     check_divisor(cfg.divisor)
     if cfg.compare and not cfg.selection:
         raise ValueError("analyze: --compare OTHER needs --selection (the overlap is between the two)")
+    if cfg.selection_model and not cfg.selection:
+        raise ValueError("analyze: --selection-model needs --selection (the channels that model kept)")
     t0 = time.time()
     install_cpu_backend()
     model, adapter = _load(cfg.model)
@@ -194,17 +220,21 @@ def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "ana
     for ref in adapter.mixers(model):
         filters = qk_conv_filters(adapter, ref.module)
         if filters is not None:
-            extra["conv_similarity"][str(ref.layer)] = {"q": filter_similarity(filters[0]), "k": filter_similarity(filters[1])}
+            extra["conv_similarity"][str(ref.layer)] = {
+                name: {**filter_similarity(f), "filters": [[[round(float(x), 6) for x in ch] for ch in head] for head in f]}
+                for name, f in zip("qk", filters)}
 
     for role, sel in zip(("selection", "compare"), selections):
         cond = conditioning(calibration, sel.keep)
-        if sel.model_dir is not None:
-            pruned, _ = _load(sel.model_dir)
+        reduced = cfg.selection_model if role == "selection" and cfg.selection_model else sel.model_dir
+        if reduced is not None:
+            pruned, _ = _load(reduced)
+            check_reduced(pruned, adapter, reduced, sel)
         else:
             pruned = reduce_model(copy.deepcopy(model), as_key_channel_selections(sel))
         after = state_statistics(pruned, adapter, windows, **kw)
         rho = pearson(_flat(dense), _flat(after))
-        extra[role] = {"path": sel.path, "method": sel.method, "kept": sel.kept, "model_dir": sel.model_dir,
+        extra[role] = {"path": sel.path, "method": sel.method, "kept": sel.kept, "model_dir": reduced,
                        "conditioning": cond, "states": {str(k): v for k, v in after.items()},
                        "pearson_u": rho, "utilization_summary": _summary(_flat(after))}
         metrics[f"{role}_u_mean"] = extra[role]["utilization_summary"]["mean"]

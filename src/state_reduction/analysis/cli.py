@@ -1,4 +1,5 @@
-"""`state-reduction analyze MODEL [--selection PRUNED] [--compare OTHER] --out FILE`."""
+"""`state-reduction analyze MODEL [--selection PRUNED] [--compare OTHER] --out FILE`, and
+`state-reduction run-analysis TABLE`: the analyses behind a rank-analysis figure or table (experiments/rank_analysis)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ def _cmd_analyze(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = AnalyzeConfig(model=args.model, selection=args.selection, compare=args.compare, calib=args.calib, stream=args.stream,
+    cfg = AnalyzeConfig(model=args.model, selection=args.selection, compare=args.compare,
+                        selection_model=args.selection_model, calib=args.calib, stream=args.stream,
                         n_calib=args.n_calib, seq_len=args.seq_len, seed=args.seed, stride=args.stride,
                         divisor=args.divisor, ignore_decay=args.ignore_decay, batch_size=args.batch_size,
                         data_dir=args.data_dir)
@@ -32,6 +34,29 @@ def _cmd_analyze(args) -> int:
     return 0
 
 
+def _cmd_run_analysis(args) -> int:
+    import json
+
+    import torch
+
+    from state_reduction.analysis.experiment import plan_analyses, run_analyses
+
+    if args.dry_run:
+        plan = plan_analyses(args.table, args.profile, args.experiment, results_root=args.results_root)
+        print(f"{args.table} ({args.profile} profile), experiment {plan['experiment']}: results in {plan['results_dir']}")
+        for stage, jobs in plan["stages"].items():
+            print(f"stage {stage}: {len(jobs)} runs")
+            for name, config in jobs:
+                print(f"  {name}: {json.dumps(config, sort_keys=True)}")
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    paths = run_analyses(args.table, args.profile, args.experiment, results_root=args.results_root,
+                         data_dir=args.data_dir)
+    print(f"{args.table} ({args.profile}): {len(paths)} analysis results in {paths[0].parent if paths else None}")
+    return 0
+
+
 def register(subparsers) -> None:
     from state_reduction.analysis.rank import DIVISORS
 
@@ -39,6 +64,8 @@ def register(subparsers) -> None:
     p.add_argument("model", help="dense model folder")
     p.add_argument("--selection", help="pruned model folder (with selection.json) or a selection.json of MODEL")
     p.add_argument("--compare", help="a second selection: channel overlap with --selection (appendix C.2)")
+    p.add_argument("--selection-model", help="the reduced model to analyse for --selection (e.g. after RFT); "
+                   "default: the pruned folder of the selection")
     p.add_argument("--out", required=True, help="result JSON file")
     p.add_argument("--calib", default="ptb")
     p.add_argument("--stream", default="calibration", choices=["calibration", "evaluation"],
@@ -56,3 +83,14 @@ def register(subparsers) -> None:
     p.add_argument("--profile", default="tiny")
     p.add_argument("--experiment", default="analysis")
     p.set_defaults(func=_cmd_analyze)
+
+    r = subparsers.add_parser("run-analysis", help="prune, fine-tune and analyse what a rank-analysis figure or "
+                              "table needs (experiments/rank_analysis: figure2 ... figure7, table5, table6, tableC2)")
+    r.add_argument("table", help="a figure or table declared by the experiment's config.yaml")
+    r.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
+    r.add_argument("--experiment", default="rank_analysis")
+    r.add_argument("--dry-run", action="store_true", help="print every stage and configuration; run nothing")
+    r.add_argument("--results-root", default=None, help="default: results/ in the repository")
+    r.add_argument("--data-dir", default=None)
+    r.add_argument("--threads", type=int, default=None)
+    r.set_defaults(func=_cmd_run_analysis)

@@ -1,0 +1,535 @@
+"""Render the rank analysis (experiments/rank_analysis) from `analyze` result JSON: Figures 2, 3, 5, 6, 7, Tables 5
+and 6, and the channel overlap of appendix C.2 (tableC2).
+
+Reads only result files (results/<profile>/rank_analysis/*-analyze.json, named by
+state_reduction.analysis.experiment.analysis_name), the experiment's config.yaml (which cells a target has) and the
+paper's numbers (reference_data/table5.json, table6.json, tableC2.json). Writes per target
+  paper_tables/out/<profile>/<target>.{tex,md}   ours (for a figure: the numbers the figure shows, summarised)
+  paper_tables/out/<profile>/<target>_vs_paper.md ours beside the paper (its numbers, or its claim for a figure)
+  figures/<profile>/<target>.png and .pdf        (figures)
+Missing runs are holes ("--") and listed; a degenerate head (all-zero state or activations) is a dash with a note.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+from lm_tables import METHOD_NAMES, rank_marks, reference_rows, report, write_outputs
+from lm_tables import main as lm_tables_main
+
+from state_reduction.analysis.experiment import EXPERIMENT, analysis_name, overlap_pairs
+from state_reduction.analysis.selection import median, pearson
+from state_reduction.pipeline import (
+    load_experiment,
+    profile_spec,
+    table_cells,
+    table_methods,
+)
+from state_reduction.results import read_result, results_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ("figure2", "figure3", "figure5", "figure6", "figure7", "table5", "table6", "tableC2")
+DASH = "--"
+SCALE_NOTE = ("sigma: singular values of the kept columns of M = [Q_h; K_h] per head, ours at RMS scale "
+              "(divided by sqrt(rows)); the authors used 5000 + 5000 subsampled rows, i.e. ours x 100. kappa is "
+              "scale-free and is the median of per-head ratios.")
+
+
+def fmt(v, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return DASH
+    if v != 0 and (abs(v) >= 1e4 or abs(v) < 10 ** -digits):
+        return f"{v:.2e}"
+    return f"{v:.{digits}f}"
+
+
+class RankResults:
+    """The analyses one target reads on one profile: records by name, the target's cells and its holes."""
+
+    def __init__(self, target: str, profile: str = "tiny", experiment: str | None = None, results_root=None):
+        self.target, self.profile = target, profile
+        self.experiment = experiment or EXPERIMENT
+        self.spec = load_experiment(self.experiment)
+        self.models, self.cells, self.rft_states = table_cells(self.spec, target, profile)
+        self.methods = table_methods(self.spec, target)
+        self.p = profile_spec(self.spec, profile)
+        self.ratio = self.cells[0].ratio if self.cells else float(self.spec["tables"][target]["ratios"][0])
+        self.pairs = overlap_pairs(self.spec, target)
+        folder = results_dir(profile, self.spec["experiment"], results_root)
+        self.records = {p.name[:-len(".json")]: read_result(p) for p in sorted(folder.glob("*-analyze.json"))} \
+            if folder.is_dir() else {}
+        self.missing: list[str] = []
+        self.paper = reference_rows(target)
+
+    def get(self, model: str, method: str | None = None, rft: bool = False, compare: str | None = None) -> dict | None:
+        """The `extra` of an analysis, or None (and listed as missing)."""
+        name = analysis_name(model, method, self.ratio, rft, compare)
+        record = self.records.get(name)
+        if record is None and name not in self.missing:
+            self.missing.append(name)
+        return None if record is None else record["extra"]
+
+    def states(self, model: str, method: str | None = None, rft: bool = False) -> dict | None:
+        """Per-layer state statistics: the dense model's, or those after pruning (and RFT) with `method`."""
+        extra = self.get(model, method, rft)
+        if extra is None:
+            return None
+        return extra["dense"]["states"] if method is None else extra["selection"]["states"]
+
+    def model_label(self, key: str) -> str:
+        names = self.p["models"][key]["stands_for"]
+        return f"tiny {key} (for {', '.join(names)})" if self.profile == "tiny" else names[0]
+
+    def kept(self, model: str) -> int | None:
+        for c in self.cells:
+            s = self.states(c.model, c.method) if c.model == model else None
+            if s:
+                return next(iter(s.values()))["d_k"]
+        return None
+
+
+def heads_of(states: dict) -> list[tuple[int, int, dict]]:
+    """(layer, head, statistics) over every (layer, head) pair, in order."""
+    return [(int(layer), h, x) for layer, s in sorted(states.items(), key=lambda kv: int(kv[0]))
+            for h, x in enumerate(s["heads"])]
+
+
+def spectral_gap(spectrum: list[float] | None, window: int | None = None) -> tuple[float | None, int | None]:
+    """Largest ratio sigma_i / sigma_{i+1} of consecutive (mean) singular values among the first `window` and the
+    1-based i where it occurs; exact zeros (beyond the rank) are left out. None for a degenerate head."""
+    if not spectrum:
+        return None, None
+    s = [x for x in spectrum[:window] if x > 0]
+    if len(s) < 2:
+        return None, None
+    ratios = [a / b for a, b in itertools.pairwise(s)]
+    i = max(range(len(ratios)), key=ratios.__getitem__)
+    return ratios[i], i + 1
+
+
+def tail_share(spectrum: list[float] | None, k: int) -> float | None:
+    """Share of sum sigma_i^2 beyond the first k singular values (the 'tail' a k-channel state cannot hold)."""
+    if not spectrum:
+        return None
+    total = sum(x * x for x in spectrum)
+    return None if total <= 0 else sum(x * x for x in spectrum[k:]) / total
+
+
+# -- writing --------------------------------------------------------------------------------------------------
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def latex(caption: str, header: list[str], rows: list[list[str]]) -> str:
+    esc = lambda c: c.replace("_", "\\_").replace("%", "\\%").replace("**", "")
+    bold = lambda c: f"\\textbf{{{esc(c[2:-2])}}}" if c.startswith("**") and c.endswith("**") else esc(c)
+    lines = [f"% {caption}", "\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
+             " & ".join(map(esc, header)) + " \\\\", "\\midrule"]
+    lines += [" & ".join(map(bold, r)) + " \\\\" for r in rows]
+    return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"]) + "\n"
+
+
+def vs_paper(r: RankResults, intro: str, header: list[str], rows: list[list[str]], notes=()) -> str:
+    lines = [f"# {r.target}: ours ({r.profile} profile) vs the paper", "", intro, ""]
+    if header:
+        lines.append(markdown(header, rows))
+    lines += [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def mark(values: list, lower_is_better: bool, digits: int = 3) -> list[str]:
+    """Formatted values, the best bold."""
+    return [f"**{s}**" if m == "best" else s for s, m in
+            zip([fmt(v, digits) for v in values], rank_marks(values, lower_is_better))]
+
+
+# -- Table 5 ----------------------------------------------------------------------------------------------------
+def layout_table5(r: RankResults):
+    """Per-head rank utilisation over all (layer, head): mean, std, min, max, rho with the baseline; then the
+    per-head values (degenerate heads as dashes)."""
+    header = ["Method", "Mean", "Std", "Min", "Max", "rho", "heads"]
+    rows, per_head, paper_rows, notes = [], {}, [], []
+    for model in r.models:
+        dense = r.get(model)
+        base_u = [x["u"] for _, _, x in heads_of(dense["dense"]["states"])] if dense else []
+        d_k = next(iter(dense["dense"]["states"].values()))["d_k"] if dense else "?"
+        summaries = [("baseline", False, f"Baseline (d_k={d_k})", dense and dense["utilization_summary"]["dense"],
+                      pearson(base_u, base_u) if dense else None, dense and dense["dense"]["states"])]
+        for method in r.methods:
+            for rft in r.rft_states:
+                extra = r.get(model, method, rft)
+                sel = extra and extra["selection"]
+                label = f"{METHOD_NAMES[method]} (d_k={sel['kept'] if sel else '?'})" + (" post-RFT" if rft else "")
+                summaries.append((method, rft, label, sel and sel["utilization_summary"], sel and sel["pearson_u"],
+                                  sel and sel["states"]))
+        n_total = len(base_u) or None
+        for method, rft, label, s, rho, states in summaries:
+            s = s or {}
+            rows.append([label, fmt(s.get("mean")), fmt(s.get("std")), fmt(s.get("min")), fmt(s.get("max")),
+                         fmt(rho, 2), f"{s.get('n', 0)}/{n_total or '?'}" if s else DASH])
+            if states:
+                per_head[label] = {(layer, h): x for layer, h, x in heads_of(states)}
+                degenerate = [f"L{layer}H{h}" for layer, h, x in heads_of(states) if x["degenerate"]]
+                if degenerate:
+                    notes.append(f"{label}: degenerate heads (all-zero states; no rank): {', '.join(degenerate)}")
+            ref = next((p for p in r.paper if p["method"] == method and not rft), None)
+            if ref:
+                paper_rows.append([label] + [f"{fmt(s.get(k))} / {fmt(ref['u_' + k])}" for k in
+                                             ("mean", "std", "min", "max")] + [f"{fmt(rho, 2)} / {fmt(ref['pearson'], 2)}"])
+    labels = list(per_head)
+    keys = sorted({k for v in per_head.values() for k in v})
+    detail_rows = [[f"L{layer} H{h}"] + [fmt(per_head[lab][(layer, h)]["u"]) if (layer, h) in per_head[lab] else DASH
+                                          for lab in labels] for layer, h in keys]
+    return header, rows, ["head"] + labels, detail_rows, paper_rows, notes
+
+
+def render_table5(r: RankResults) -> tuple[str, str, str]:
+    header, rows, dh, drows, paper_rows, notes = layout_table5(r)
+    caption = (f"Table 5 ({r.profile} profile): per-head rank utilisation u = er(S)/d_k over all (layer, head) at "
+               f"{round(r.ratio * 100)}% state reduction; rho: Pearson correlation with the baseline per head")
+    md = markdown(header, rows) + "\nPer head (u; -- = degenerate head or missing run):\n\n" + markdown(dh, drows)
+    md += "".join(f"\n- {n}" for n in notes)
+    intro = ("ours / paper per cell (paper: DeltaNet 370M, d_k 128 -> 32, FineWeb; ours: the tiny DeltaNet, "
+             "d_k 64 -> 16, ptb). u is relative to each model's own d_k, so the levels are comparable in kind.")
+    return latex(caption, header, rows), md, vs_paper(r, intro, ["Method", "Mean", "Std", "Min", "Max", "rho"],
+                                                      paper_rows, notes)
+
+
+# -- Table 6 ----------------------------------------------------------------------------------------------------
+def layout_table6(r: RankResults):
+    header = ["Selection", "sigma_min", "sigma_max", "kappa", "degenerate heads"]
+    rows, paper_rows = [], []
+    for model in r.models:
+        dense = r.get(model)
+        d_k = next(iter(dense["dense"]["states"].values()))["d_k"] if dense else "?"
+        entries = [("baseline", f"Baseline (d_k={d_k})", dense and dense["dense"]["conditioning"])]
+        entries += [(m, METHOD_NAMES[m], (r.get(model, m) or {}).get("selection", {}).get("conditioning"))
+                    for m in r.methods]
+        medians = [(e[2] or {}).get("median", {}) for e in entries]
+        cols = {k: [m.get(k) for m in medians] for k in ("sigma_min", "sigma_max", "kappa")}
+        marked = {"sigma_min": mark(cols["sigma_min"][1:], False, 4), "kappa": mark(cols["kappa"][1:], True, 1)}
+        for i, (method, label, cond) in enumerate(entries):
+            smin = fmt(cols["sigma_min"][i], 4) if i == 0 else marked["sigma_min"][i - 1]
+            kap = fmt(cols["kappa"][i], 1) if i == 0 else marked["kappa"][i - 1]
+            rows.append([label, smin, fmt(cols["sigma_max"][i], 4), kap,
+                         str(cond["degenerate_heads"]) if cond else DASH])
+            ref = next((p for p in r.paper if p["method"] == method), None)
+            if ref:
+                scaled = lambda v: None if v is None else 100 * v
+                paper_rows.append([label, fmt(scaled(cols["sigma_min"][i]), 2), fmt(ref["sigma_min"], 2),
+                                   fmt(scaled(cols["sigma_max"][i]), 1), fmt(ref["sigma_max"], 1),
+                                   fmt(cols["kappa"][i], 0), fmt(ref["kappa"], 0)])
+    return header, rows, paper_rows
+
+
+def render_table6(r: RankResults) -> tuple[str, str, str]:
+    header, rows, paper_rows = layout_table6(r)
+    caption = (f"Table 6 ({r.profile} profile): kept key/query subspace at {round(r.ratio * 100)}% state reduction, "
+               "medians over heads; best sigma_min (highest) and kappa (lowest) among the selections bold")
+    md = markdown(header, rows) + f"\n{SCALE_NOTE}\n"
+    intro = "Ours scaled x100 to the authors' row count (see below); kappa needs no scaling."
+    ph = ["Selection", "sigma_min ours x100", "sigma_min paper", "sigma_max ours x100", "sigma_max paper",
+          "kappa ours", "kappa paper"]
+    return latex(caption, header, rows), md, vs_paper(r, intro, ph, paper_rows, [SCALE_NOTE])
+
+
+# -- appendix C.2 overlap ---------------------------------------------------------------------------------------
+def render_tableC2(r: RankResults) -> tuple[str, str, str]:
+    header = ["Selections", "median shared", "kept", "shared / kept", "random expectation", "min", "max"]
+    rows, paper_rows, detail = [], [], []
+    for model in r.models:
+        for a, b in r.pairs:
+            extra = r.get(model, a, compare=b)
+            ov = extra and extra.get("overlap")
+            label = f"{METHOD_NAMES[a]} & {METHOD_NAMES[b]}"
+            if not ov:
+                rows.append([label] + [DASH] * 6)
+            else:
+                kept, d_k = ov["kept"][0], extra["key_dim"]
+                flat = [x for v in ov["per_layer"].values() for x in v]
+                rows.append([label, fmt(ov["median"], 1), str(kept), fmt(ov["median"] / kept, 2),
+                             fmt(kept * kept / d_k, 1), str(min(flat)), str(max(flat))])
+                detail += [[label, f"L{layer}", ", ".join(map(str, v))] for layer, v in
+                           sorted(ov["per_layer"].items(), key=lambda kv: int(kv[0]))]
+            ref = next((p for p in r.paper if (p["method"], p["compare"]) == (a, b)), None)
+            if ref:
+                ours = rows[-1]
+                paper_rows.append([label, f"{ours[1]} of {ours[2]}", ours[3], f"{ref['median_shared']} of {ref['kept']}",
+                                   fmt(ref["median_shared"] / ref["kept"], 2), ours[4],
+                                   fmt(ref["kept"] ** 2 / (ref["kept"] / (1 - ref["ratio"])), 1)])
+    caption = (f"Appendix C.2 ({r.profile} profile): kept channels per head shared by two selections at "
+               f"{round(r.ratio * 100)}% state reduction (median over heads); random expectation kept^2/d_k")
+    md = markdown(header, rows) + "\nPer layer, shared channels per head:\n\n" + markdown(["Selections", "layer", "heads"], detail)
+    ph = ["Selections", "ours", "ours / kept", "paper", "paper / kept", "random exp. ours", "random exp. paper"]
+    intro = "The paper's two numbers are from the prose of appendix C.2 (DeltaNet 370M, 32 of 128 channels kept)."
+    return latex(caption, header, rows), md, vs_paper(r, intro, ph, paper_rows)
+
+
+# -- figures ----------------------------------------------------------------------------------------------------
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, r: RankResults, figures_root: Path | None, plt) -> list[Path]:
+    stem = (figures_root or ROOT / "figures") / r.profile / r.target
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    for p in paths:
+        fig.savefig(p, dpi=130)
+    plt.close(fig)
+    return paths
+
+
+def _band(spectra: list[list[float]]):
+    """Mean, min and max over heads of spectra (sigma_i / sigma_1) of equal length."""
+    n = min(len(s) for s in spectra)
+    cols = [[s[i] for s in spectra] for i in range(n)]
+    return [sum(c) / len(c) for c in cols], [min(c) for c in cols], [max(c) for c in cols]
+
+
+def selected_heads(states: dict, limit: int = 8) -> list[tuple[int, int]]:
+    """Up to `limit` (layer, head) pairs spread evenly over the model (all of them on the tiny models)."""
+    pairs = [(layer, h) for layer, h, _ in heads_of(states)]
+    if len(pairs) <= limit:
+        return pairs
+    step = len(pairs) / limit
+    return [pairs[int(i * step)] for i in range(limit)]
+
+
+def render_figure2(r: RankResults, figures_root=None):
+    """Figure 2: singular values of the state, mean sigma_i / sigma_1 over all (layer, head) (band: min-max over
+    heads), dense vs DRRQR; the tail beyond the kept dimension is what pruning must not need."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    rows = []
+    for model in r.models:
+        series = [("Dense", r.states(model))] + [(METHOD_NAMES[m], r.states(model, m)) for m in r.methods]
+        k = r.kept(model)
+        for (label, states), color in zip(series, ("k", "tab:red", "tab:blue", "tab:green")):
+            if states is None:
+                rows.append([label] + [DASH] * 4)
+                continue
+            spectra = [x["spectrum"] for _, _, x in heads_of(states) if not x["degenerate"]]
+            mean, lo, hi = _band(spectra)
+            xs = range(1, len(mean) + 1)
+            ax.plot(xs, mean, color=color, label=f"{label} (d_k={len(mean)})")
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.15)
+            tails = [tail_share(s, k) for s in spectra] if k else []
+            d = next(iter(states.values()))["d_k"]
+            rows.append([label, str(d), fmt(sum(x["u"] for _, _, x in heads_of(states) if x["u"] is not None)
+                                            / max(1, len(spectra))),
+                         fmt(mean[-1], 4), fmt(median(tails)) if tails and d > (k or d) else DASH])
+        if k:
+            ax.axvline(k, color="grey", ls=":", lw=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("index i")
+    ax.set_ylabel("sigma_i / sigma_1 (mean over tokens)")
+    ax.set_title(f"Figure 2 ({r.profile}): state spectrum, {', '.join(map(r.model_label, r.models))}", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    header = ["Model", "d_k", "u mean", "sigma_last / sigma_1", f"tail share beyond {r.kept(r.models[0]) or '?'}"]
+    claim = ("Paper (2.2, Figure 2; DeltaNet 370M): the state's singular values have a characteristic long tail "
+             "(low rank utilisation, u = 0.053 on average, Table 5); DRRQR removes the tail (Section 5).")
+    return header, rows, claim, save_figure(fig, r, figures_root, plt)
+
+
+def render_figure3(r: RankResults, figures_root=None):
+    """Figure 3: rank utilisation along the sequence, mean over (layer, head) (band: +-1 std over heads)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.6, 3.6))
+    rows = []
+    colors = plt.get_cmap("tab10")
+    for model in r.models:
+        series = [("Dense", r.states(model))] + [(METHOD_NAMES[m], r.states(model, m)) for m in r.methods]
+        for j, (label, states) in enumerate(series):
+            if states is None:
+                rows.append([label, DASH, DASH, DASH])
+                continue
+            positions = next(iter(states.values()))["positions"]
+            curves = [x["u_by_position"] for _, _, x in heads_of(states)]
+            means, stds = [], []
+            for i in range(len(positions)):
+                vals = [c[i] for c in curves if c[i] is not None]
+                m = sum(vals) / len(vals) if vals else float("nan")
+                means.append(m)
+                stds.append((sum((v - m) ** 2 for v in vals) / len(vals)) ** 0.5 if vals else float("nan"))
+            color = "k" if j == 0 else colors(j)
+            ax.plot(positions, means, color=color, label=label)
+            ax.fill_between(positions, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                            color=color, alpha=0.1)
+            us = [x["u"] for _, _, x in heads_of(states) if x["u"] is not None]
+            rows.append([label, str(next(iter(states.values()))["d_k"]), fmt(sum(us) / len(us) if us else None),
+                         fmt(means[-1] if math.isfinite(means[-1]) else None)])
+    ax.set_xlabel("token position t")
+    ax.set_ylabel("rank utilisation u(S_t)")
+    ax.set_title(f"Figure 3 ({r.profile}): u during a forward pass, {round(r.ratio * 100)}% reduction", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    order = sorted((x for x in rows if x[2] != DASH and x[0] != "Dense"), key=lambda x: -float(x[2]))
+    rows.append(["order (u mean)", "", " > ".join(x[0] for x in order), ""])
+    header = ["Model", "d_k", "u mean over tokens and heads", "u at the last token"]
+    claim = ("Paper (Section 5, Figure 3; DeltaNet 370M): during a forward pass, Grad and DRRQR, the two best "
+             "performing methods, have the highest rank utilisation.")
+    return header, rows, claim, save_figure(fig, r, figures_root, plt)
+
+
+def _spectrum_grid(r: RankResults, series: list[tuple[str, dict | None, str, str]], title: str, figures_root):
+    """One panel per selected head: sigma_i / sigma_1 of each series (label, states, color, linestyle)."""
+    plt = _plt()
+    base = next((s for _, s, _, _ in series if s), None)
+    heads = selected_heads(base) if base else []
+    cols = min(4, max(1, len(heads)))
+    nrows = max(1, math.ceil(len(heads) / cols))
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.0 * cols, 2.5 * nrows), squeeze=False)
+    for ax, (layer, h) in zip(axes.flat, heads):
+        for label, states, color, ls in series:
+            x = states and states[str(layer)]["heads"][h]
+            if not x:
+                continue
+            if x["degenerate"]:
+                ax.text(0.5, 0.5, f"{label}: degenerate", transform=ax.transAxes, fontsize=6, ha="center")
+                continue
+            ax.plot(range(1, len(x["spectrum"]) + 1), x["spectrum"], color=color, ls=ls, label=label, lw=1.2)
+        ax.set_yscale("log")
+        ax.set_title(f"layer {layer}, head {h}", fontsize=8)
+        ax.tick_params(labelsize=6)
+    for ax in list(axes.flat)[len(heads):]:
+        ax.axis("off")
+    if heads:
+        axes.flat[0].legend(fontsize=6)
+        axes.flat[0].set_ylabel("sigma_i / sigma_1")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, r, figures_root, plt), heads
+
+
+def _gap_row(label: str, states: dict | None, k: int | None) -> list[str]:
+    if states is None:
+        return [label, DASH, DASH, DASH, DASH]
+    gaps = [spectral_gap(x["spectrum"], k) for _, _, x in heads_of(states)]
+    ratios = [g for g, _ in gaps if g is not None]
+    where = [f"L{layer}H{h}@{i}" for (layer, h, _), (g, i) in zip(heads_of(states), gaps) if g is not None and g >= 3]
+    at_k = [x["spectrum"][:k][-1] for _, _, x in heads_of(states) if not x["degenerate"]]
+    return [label, fmt(median(ratios), 2), fmt(max(ratios) if ratios else None, 2), fmt(median(at_k), 4),
+            ", ".join(where) or "none"]
+
+
+GAP_HEADER = ["Model", "median gap", "max gap", "median sigma_k / sigma_1", "heads with gap >= 3 (@i)"]
+NO_NUMBERS = "The paper gives this figure no numbers; the rows are ours."
+GAP_NOTE = ("gap: the largest ratio sigma_i / sigma_(i+1) of consecutive mean singular values of a head's state "
+            "among its first k (k = the channels the reduced model keeps, for every row, the dense one included: "
+            "the dense spectrum's own steep end beyond k is left out); a spectral gap is a large ratio.")
+
+
+def render_figure5(r: RankResults, figures_root=None):
+    """Figure 5: the spectrum of single heads, dense vs DRRQR, Grad and L1 (pre-RFT)."""
+    colors = ("k", "tab:red", "tab:blue", "tab:green", "tab:purple")
+    rows, paths = [], []
+    for model in r.models:
+        series = [("Dense", r.states(model), "k", "-")] + [
+            (METHOD_NAMES[m], r.states(model, m), c, "-") for m, c in zip(r.methods, colors[1:])]
+        paths, _ = _spectrum_grid(r, series, f"Figure 5 ({r.profile}): per-head state spectra, "
+                                  f"{round(r.ratio * 100)}% reduction, pre-RFT", figures_root)
+        rows += [_gap_row(label, states, r.kept(model)) for label, states, _, _ in series]
+    claim = ("Paper (C.5, Figure 5; DeltaNet 370M, 75%, pre-RFT): the uncompressed model has a heavy tail of "
+             "singular values, the compressed ones a much sharper spectral truncation; some heads develop a "
+             "spectral gap.")
+    return GAP_HEADER, rows, claim, paths
+
+
+def render_figure6(r: RankResults, figures_root=None):
+    """Figure 6: per-head spectra before (dashed) and after (solid) RFT."""
+    colors = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange")
+    rows, paths = [], []
+    for model in r.models:
+        series, gap_rows = [], []
+        for m, c in zip(r.methods, colors):
+            for rft in r.rft_states:
+                label = f"{METHOD_NAMES[m]} {'post' if rft else 'pre'}-RFT"
+                states = r.states(model, m, rft)
+                series.append((label, states, c, "-" if rft else "--"))
+                gap_rows.append(_gap_row(label, states, r.kept(model)))
+        paths, _ = _spectrum_grid(r, series, f"Figure 6 ({r.profile}): per-head state spectra before (dashed) and "
+                                  f"after (solid) RFT, {round(r.ratio * 100)}% reduction", figures_root)
+        rows += gap_rows
+    claim = ("Paper (C.5, Figure 6): a spectral gap can also develop during recovery fine-tuning.")
+    return GAP_HEADER, rows, claim, paths
+
+
+def render_figure7(r: RankResults, figures_root=None):
+    """Figure 7: the learned q/k short-conv filters of the dense model per layer (channels x taps, head boundaries
+    red), and their cosine similarity within and across heads."""
+    plt = _plt()
+    rows, paths = [], []
+    for model in r.models:
+        extra = r.get(model)
+        conv = (extra or {}).get("conv_similarity") or {}
+        layers = sorted(conv, key=int)
+        if not layers:
+            rows.append([model, DASH, DASH, DASH, DASH])
+            continue
+        fig, axes = plt.subplots(len(layers), 2, figsize=(5.0, 1.9 * len(layers)), squeeze=False)
+        for row, layer in zip(axes, layers):
+            for ax, name in zip(row, "qk"):
+                c = conv[layer][name]
+                filt = c["filters"]  # [H][K][W]
+                img = [ch[::-1] for head in filt for ch in head]  # newest tap first, as the authors plot
+                lim = max(abs(v) for ch in img for v in ch) or 1.0
+                ax.imshow(img, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+                for h in range(1, len(filt)):
+                    ax.axhline(h * len(filt[0]) - 0.5, color="red", lw=1)
+                ax.set_title(f"layer {layer} {name}: within {fmt(median(c['within_head']), 2)}, "
+                             f"across {fmt(c['across_heads'], 2)}", fontsize=7)
+                ax.set_xticks(range(len(img[0])))
+                ax.set_xlabel("tap (newest first)", fontsize=6)
+                ax.tick_params(labelsize=5)
+                rows.append([f"L{layer} {name}", ", ".join(fmt(w, 3) for w in c["within_head"]),
+                             fmt(c["across_heads"], 3), str(c["dead_filters"]),
+                             "yes" if all(w is not None and c["across_heads"] is not None and w > c["across_heads"]
+                                          for w in c["within_head"]) else "no"])
+        fig.suptitle(f"Figure 7 ({r.profile}): q/k conv filters, {r.model_label(model)}", fontsize=8)
+        fig.tight_layout()
+        paths = save_figure(fig, r, figures_root, plt)
+    header = ["layer conv", "within-head cosine per head", "across heads", "zero filters", "within > across"]
+    claim = ("Paper (C.6.1, Figure 7; a standard DeltaNet with per-channel filters): filters within specific heads "
+             "are highly similar, which would justify sharing one filter per head.")
+    return header, rows, claim, paths
+
+
+FIGURES = {"figure2": render_figure2, "figure3": render_figure3, "figure5": render_figure5,
+           "figure6": render_figure6, "figure7": render_figure7}
+TABLES = {"table5": render_table5, "table6": render_table6, "tableC2": render_tableC2}
+
+
+def render(target: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
+           out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False) -> dict:
+    if target not in TARGETS:
+        raise ValueError(f"rank analysis renders {', '.join(TARGETS)}; got {target!r}")
+    r = RankResults(target, profile, experiment, results_root)
+    if target in TABLES:
+        tex, md, cmp = TABLES[target](r)
+        written = write_outputs(target, profile, out_root, tex, md, cmp)
+    else:
+        header, rows, claim, figures = FIGURES[target](r, figures_root)
+        caption = f"{target} ({profile} profile): the numbers the figure shows"
+        extra = [GAP_NOTE] if header is GAP_HEADER else []
+        md = markdown(header, rows) + "".join(f"\n- {n}" for n in extra)
+        written = write_outputs(target, profile, out_root, latex(caption, header, rows), md,
+                                vs_paper(r, claim, header, rows, [NO_NUMBERS, *extra]))
+        written["figures"] = figures
+    if not quiet:
+        report(written, md, r.missing)
+    written["missing"] = r.missing
+    return written
+
+
+def main(target: str, argv=None) -> int:
+    return lm_tables_main(target, argv, render_fn=render, experiment_help=f"default: {EXPERIMENT}")

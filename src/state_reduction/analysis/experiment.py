@@ -1,0 +1,130 @@
+"""The `analyze` runs behind a rank-analysis figure or table (experiments/rank_analysis), on either profile.
+
+The table's cells (model, method, ratio, pre-/post-RFT) come from the experiment's config.yaml as for every
+table (`pipeline.table_cells`); the pipeline's prune and RFT stages make the reduced models (no evaluation), then
+one `analyze` result per
+
+  dense model                     <model>-dense-analyze.json        (Figures 2, 3, 5, 7; baseline rows)
+  cell, pre-RFT                   <cell>-analyze.json               (states after pruning, conditioning, rho)
+  cell, post-RFT                  <cell>-rft-analyze.json           (the same selection, the model after RFT)
+  `overlap:` pair [a, b]          <model>-<a>-vs-<b>-r<pct>-analyze.json (appendix C.2)
+
+Each analysis is keyed by its configuration, which holds the keys of the stages it reads: a rerun does nothing,
+a changed pruning or RFT setting reruns the analyses downstream of it (results.run_sweep).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from state_reduction.pipeline import (
+    Cell,
+    PipelineError,
+    _Runner,
+    load_experiment,
+    plan_table,
+    profile_spec,
+    run_table,
+    table_cells,
+)
+from state_reduction.results import build_result, config_key, run_sweep
+
+EXPERIMENT = "rank_analysis"
+REDUCE_STAGES = ("prune", "rft")
+
+
+def overlap_pairs(spec: dict, table: str) -> list[tuple[str, str]]:
+    pairs = [tuple(p) for p in spec["tables"][table].get("overlap", [])]
+    for pair in pairs:
+        bad = [m for m in pair if m not in spec["methods"]]
+        if len(pair) != 2 or bad:
+            raise PipelineError(f"{table} of experiment {spec['experiment']!r}: overlap pair {list(pair)} must name two "
+                                f"of the experiment's methods ({', '.join(spec['methods'])})")
+    return pairs
+
+
+def analysis_name(model: str, method: str | None = None, ratio: float = 0.0, rft: bool = False,
+                  compare: str | None = None) -> str:
+    """Result name of one analysis (see the module docstring); renderers find results by it."""
+    if method is None:
+        return f"{model}-dense-analyze"
+    pair = f"{method}-vs-{compare}" if compare else method
+    return f"{model}-{pair}-r{round(ratio * 100)}" + ("-rft" if rft else "") + "-analyze"
+
+
+def analysis_jobs(runner: _Runner, spec: dict, table: str, profile: str) -> list[tuple[str, dict]]:
+    """(result name, configuration) of every analysis `table` reads."""
+    keys, cells, rft_states = table_cells(spec, table, profile)
+    settings = profile_spec(spec, profile).get("analyze")
+    if settings is None:
+        raise PipelineError(f"experiment {spec['experiment']!r} profile {profile!r} has no `analyze:` settings")
+
+    def base(model: str, method: str | None, ratio: float) -> dict:
+        d = runner.dense(model)
+        return {"experiment": spec["experiment"], "stage": "analyze", "model": model,
+                "model_path": runner.p["models"][model]["path"], "dense_weights_sha256": d["weights_sha256"],
+                "method": method, "ratio": ratio, **settings}
+
+    jobs = [(analysis_name(k), {**base(k, None, 0.0), "rft": False}) for k in keys]
+    for cell in cells:
+        for rft in rft_states:
+            of = runner.rft_config(cell) if rft else runner.prune_config(cell)
+            jobs.append((analysis_name(cell.model, cell.method, cell.ratio, rft),
+                         {**base(cell.model, cell.method, cell.ratio), "rft": rft, "of": config_key(of)}))
+    ratios = sorted({c.ratio for c in cells})
+    for model in keys:
+        for ratio in ratios:
+            for a, b in overlap_pairs(spec, table):
+                ca, cb = Cell(model, a, ratio), Cell(model, b, ratio)
+                jobs.append((analysis_name(model, a, ratio, compare=b),
+                             {**base(model, a, ratio), "rft": False, "compare": b,
+                              "of": config_key(runner.prune_config(ca)), "compare_of": config_key(runner.prune_config(cb))}))
+    return jobs
+
+
+def _run_one(runner: _Runner, name: str, config: dict) -> dict:
+    from state_reduction.analysis.analyze import AnalyzeConfig, analyze
+
+    model = runner.dense(config["model"])["path"]
+    selection = compare = selection_model = None
+    if config["method"] is not None:
+        cell = Cell(config["model"], config["method"], config["ratio"])
+        selection = str(runner.ensure_pruned(cell))
+        if config["rft"]:
+            selection_model = str(runner.ensure_rft(cell))
+        if config.get("compare"):
+            compare = str(runner.ensure_pruned(Cell(config["model"], config["compare"], config["ratio"])))
+    cfg = AnalyzeConfig(model=model, selection=selection, compare=compare, selection_model=selection_model,
+                        calib=config["calib"], stream=config["stream"], n_calib=config["n_calib"],
+                        seq_len=config["seq_len"], seed=config["seed"], stride=config["stride"],
+                        divisor=config["divisor"], ignore_decay=config["ignore_decay"],
+                        batch_size=config["batch_size"], data_dir=runner.data_dir)
+    t0 = time.time()
+    record = analyze(cfg, profile=runner.profile, experiment=runner.spec["experiment"])
+    return build_result("analyze", profile=runner.profile, experiment=runner.spec["experiment"], config=config,
+                        metrics=record["metrics"], model=record["model"], data=record["data"], seeds=record["seeds"],
+                        wall_time_s=time.time() - t0, extra={**record["extra"], "analyze_config": record["config"]})
+
+
+def run_analyses(table: str, profile: str = "tiny", experiment: str = EXPERIMENT, results_root=None,
+                 data_dir=None) -> list[Path]:
+    """Prune and fine-tune what `table` needs and is missing (pipeline stages), then run its missing analyses;
+    return the analysis result files."""
+    import torch
+
+    spec = load_experiment(experiment)
+    run_table(experiment, table, profile, results_root=results_root, data_dir=data_dir, stages=REDUCE_STAGES)
+    torch.manual_seed(0)
+    runner = _Runner(spec, profile, results_root, data_dir)
+    return run_sweep(analysis_jobs(runner, spec, table, profile), lambda n, c: _run_one(runner, n, c), runner.out)
+
+
+def plan_analyses(table: str, profile: str = "tiny", experiment: str = EXPERIMENT, results_root=None) -> dict:
+    """What run_analyses would run, loading no model and calling no hub: the pipeline's prune/RFT plan plus the
+    analyses."""
+    spec = load_experiment(experiment)
+    plan = plan_table(experiment, table, profile, results_root=results_root, stages=REDUCE_STAGES)
+    runner = _Runner(spec, profile, results_root, dry_run=True)
+    plan["stages"]["analyze"] = analysis_jobs(runner, spec, table, profile)
+    return plan

@@ -1,0 +1,88 @@
+"""The analyses behind the rank-analysis figures and tables (analysis/experiment.py): their plan on both profiles,
+a real small run end to end (prune -> analyze -> render), and errors in the experiment's configuration."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from state_reduction.analysis.experiment import (
+    analysis_name,
+    plan_analyses,
+    run_analyses,
+)
+from state_reduction.cli import main
+from state_reduction.pipeline import PipelineError
+from state_reduction.results import read_result
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGETS = ("figure2", "figure3", "figure5", "figure6", "figure7", "table5", "table6", "tableC2")
+
+
+@pytest.mark.parametrize("profile", ["tiny", "paper"])
+def test_every_target_plans_its_analyses_without_running(profile, monkeypatch):
+    monkeypatch.delenv("SR_CHECKPOINTS", raising=False)
+    model = "deltanet" if profile == "tiny" else "deltanet-370m"
+    for target in TARGETS:
+        plan = plan_analyses(target, profile)
+        names = [n for n, _ in plan["stages"]["analyze"]]
+        assert names[0] == analysis_name(model) and len(set(names)) == len(names)
+        assert not {"baseline", "eval-pre", "eval-post"} & set(plan["stages"])  # no evaluation
+    figure6 = [n for n, _ in plan_analyses("figure6", profile)["stages"]["analyze"]]
+    assert figure6 == [analysis_name(model)] + [analysis_name(model, m, 0.75, rft) for m in ("drrqr", "grad", "l1")
+                                                 for rft in (False, True)]
+    c2 = plan_analyses("tableC2", profile)["stages"]["analyze"]
+    pair = dict(c2)[analysis_name(model, "drrqr", 0.75, compare="rand")]
+    assert pair["compare"] == "rand" and pair["of"] != pair["compare_of"]
+    assert [n for n, _ in plan_analyses("figure7", profile)["stages"]["analyze"]] == [analysis_name(model)]
+
+
+def test_run_analysis_dry_run_on_the_command_line(capsys):
+    assert main(["run-analysis", "table5", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "stage rft: 2 runs" in out and "deltanet-l1-r75-rft-analyze" in out
+
+
+def _experiment(tmp_path, overlap=(("l1", "rand"),)) -> Path:
+    spec = yaml.safe_load((ROOT / "experiments" / "rank_analysis" / "config.yaml").read_text())
+    spec["methods"] = ["l1", "rand"]
+    tiny = spec["profiles"]["tiny"]
+    tiny["prune"].update(n_calib=2, seq_len=64)
+    tiny["analyze"].update(n_calib=2, seq_len=64, stride=16, batch_size=2)
+    table = {"models": ["DeltaNet 370M"], "ratios": [0.75], "rft": [False], "overlap": [list(p) for p in overlap]}
+    spec["tables"] = {"tableC2": table, "table6": {k: v for k, v in table.items() if k != "overlap"}}
+    path = tmp_path / "rank.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_small_run_end_to_end_and_a_rerun_does_nothing(tmp_path):
+    experiment = _experiment(tmp_path)
+    root = tmp_path / "results"
+    paths = run_analyses("tableC2", "tiny", str(experiment), results_root=root)
+    assert [p.name for p in paths] == [analysis_name("deltanet") + ".json"] + [
+        analysis_name("deltanet", m, 0.75, **kw) + ".json" for m, kw in (("l1", {}), ("rand", {}), ("l1", {"compare": "rand"}))]
+    pair = read_result(paths[-1])
+    assert pair["extra"]["overlap"]["kept"] == [16, 16] and 0 <= pair["metrics"]["overlap_median"] <= 16
+    assert pair["extra"]["dense"]["states"]["0"]["positions"] == [16, 32, 48, 64]
+    stamps = [p.stat().st_mtime_ns for p in paths]
+    assert run_analyses("table6", "tiny", str(experiment), results_root=root) == paths[:3]
+    assert [p.stat().st_mtime_ns for p in paths] == stamps
+
+    sys.path.insert(0, str(ROOT / "paper_tables"))
+    from rank_tables import render
+
+    out = render("tableC2", "tiny", str(experiment), root, out_root=tmp_path / "out", quiet=True)
+    assert out["missing"] == [] and "| L1 & Rand |" in out["md"].read_text()
+    table6 = render("table6", "tiny", str(experiment), root, out_root=tmp_path / "out", quiet=True)
+    md = table6["md"].read_text()
+    assert table6["missing"] == [] and "| L1 |" in md and "| Rand |" in md and "| -- |" not in md
+
+
+def test_an_overlap_pair_outside_the_experiments_methods_is_named(tmp_path):
+    experiment = _experiment(tmp_path, overlap=(("l1", "drrqr"),))
+    with pytest.raises(PipelineError, match=r"overlap pair \['l1', 'drrqr'\].*l1, rand"):
+        plan_analyses("tableC2", "tiny", str(experiment))
