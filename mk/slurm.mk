@@ -15,4 +15,4 @@ status: setup
 	@rc=0; for e in $(SLURM_EXPERIMENTS); do $(VENV)/bin/state-reduction slurm status $$e --profile $(PROFILE) || rc=1; done; exit $$rc
 
 slurm-scripts: setup
-	for e in $(SLURM_EXPERIMENTS); do $(VENV)/bin/state-reduction slurm generate $$e --profile paper; done
+	$(VENV)/bin/state-reduction slurm generate all --profile paper

@@ -77,8 +77,20 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(REPO_ROOT)) if path.is_absolute() and path.is_relative_to(REPO_ROOT) else str(path)
 
 
+def unsupported(experiment: str, profile: str) -> str | None:
+    """Why the experiment cannot run as a job array of pipeline tasks (None: it can)."""
+    spec = load_experiment(experiment)
+    if "analyze" in profile_spec(spec, profile):
+        return (f"experiment {spec['experiment']!r} ends in `analyze` runs (state-reduction run-analysis), which "
+                "the job array does not run yet; run its make targets in one job instead")
+    return None
+
+
 def render_script(experiment: str, profile: str, tables=None) -> str:
     """The sbatch script of the experiment's tasks on `profile` (text; generate() writes it)."""
+    reason = unsupported(experiment, profile)
+    if reason:
+        raise PipelineError(reason)
     tasks = plan_tasks(experiment, profile, tables)
     res = resources(experiment, profile)
     name = experiment_name(experiment)
@@ -286,7 +298,14 @@ def wait(job_id: str, timeout_s: float = 3600, poll_s: float = 5) -> None:
 def _cmd(args) -> int:
     root = args.results_root or os.environ.get("SR_RESULTS_ROOT")
     try:
-        if args.slurm_command == "generate":
+        if args.slurm_command == "generate" and args.experiment == "all":
+            for config in sorted((REPO_ROOT / "experiments").glob("*/config.yaml")):
+                name = config.parent.name
+                if args.profile not in load_experiment(name)["profiles"] or unsupported(name, args.profile):
+                    print(f"skipped {name}: {unsupported(name, args.profile) or f'no {args.profile} profile'}")
+                else:
+                    print(f"wrote {_rel(generate(name, args.profile))}")
+        elif args.slurm_command == "generate":
             print(f"wrote {_rel(generate(args.experiment, args.profile, args.tables, args.out))}")
         elif args.slurm_command == "submit":
             info = submit(args.experiment, args.profile, args.tables, root, args.out, args.dry_run)
@@ -295,6 +314,8 @@ def _cmd(args) -> int:
                 rows = task_states(args.experiment, args.profile, args.tables, root)
                 print_status(rows, args.experiment, args.profile)
                 return 0 if all(r["state"] == "done" for r in rows) else 1
+        elif args.slurm_command == "status" and unsupported(args.experiment, args.profile):
+            print(f"{args.experiment}: {unsupported(args.experiment, args.profile)}")
         elif args.slurm_command == "status":
             rows = task_states(args.experiment, args.profile, args.tables, root)
             if args.json:
@@ -321,7 +342,8 @@ def register(subparsers) -> None:
                         ("status", "what finished, failed (with log paths), is queued or missing"),
                         ("run-task", "run one task (what an array element does)")):
         s = sub.add_parser(name, help=help_)
-        s.add_argument("experiment", help="experiment name (experiments/<name>/config.yaml) or a config YAML path")
+        s.add_argument("experiment", help="experiment name (experiments/<name>/config.yaml) or a config YAML path"
+                       + ("; `all`: every experiment that runs as a job array" if name == "generate" else ""))
         if name == "run-task":
             s.add_argument("task", help="task name, as listed in the generated script")
             s.add_argument("--stages", nargs="+", choices=STAGES, default=None)
