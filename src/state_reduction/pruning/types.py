@@ -94,3 +94,8 @@ class KeyChannelAdapter(ABC):
     @abstractmethod
     def state_bytes_per_sequence(self, config, dtype: torch.dtype = torch.bfloat16) -> int:
         """Recurrent-state bytes of one sequence across all reducible mixers (conv caches excluded)."""
+
+    def block_output(self, hidden: torch.Tensor, kwargs: dict):
+        """What one decoder block returns to its model's layer loop when its new hidden states are `hidden` and it
+        was called with `kwargs`; layer-streamed calibration stands in for the blocks with it."""
+        return hidden
