@@ -2,6 +2,7 @@
 the same statistics (bit for bit on CPU: every block sees the same inputs in the same batch order) and so the same
 selection for every selector and coupled mode; the model comes back unchanged."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,28 @@ def test_a_model_without_decoder_blocks_is_refused():
 
     with pytest.raises(ValueError, match="NoLayers.model has no `layers` ModuleList"):
         decoder_blocks(NoLayers())
+
+
+@pytest.mark.parametrize("method", ["grad", "drrqr"])
+def test_prune_stream_layers_writes_the_same_checkpoint(tmp_path, method):
+    from state_reduction.cli import main
+
+    common = ["--method", method, "--ratio", "0.5", "--n-calib", "3", "--seq-len", "32", "--batch-size", "2"]
+    path = str(CHECKPOINTS / "mamba2")
+    assert main(["prune", path, *common, "--out", str(tmp_path / "full")]) == 0
+    assert main(["prune", path, *common, "--stream-layers", "--device", "cpu", "--out", str(tmp_path / "streamed")]) == 0
+    full, streamed = (json.loads((tmp_path / d / "selection.json").read_text()) for d in ("full", "streamed"))
+    assert streamed["config"]["stream_layers"] and not full["config"]["stream_layers"]
+    assert streamed["selection"] == full["selection"]
+    a, b = (AutoModelForCausalLM.from_pretrained(str(tmp_path / d)) for d in ("full", "streamed"))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_a_cuda_device_without_cuda_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    from state_reduction.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    rc = main(["prune", str(CHECKPOINTS / "mamba2"), "--method", "l1", "--ratio", "0.5", "--stream-layers",
+               "--device", "cuda", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "--device cuda: torch.cuda.is_available() is False" in capsys.readouterr().err
