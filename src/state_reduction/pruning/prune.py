@@ -59,7 +59,7 @@ def _peak_memory_bytes() -> int:
 
 def prune(cfg: PruneConfig) -> dict:
     """Prune `cfg.model` and write the checkpoint and selection.json to `cfg.out`; returns the record."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     import state_reduction  # noqa: F401  (Auto-class registration)
     from state_reduction.backend import install_cpu_backend
@@ -73,6 +73,7 @@ def prune(cfg: PruneConfig) -> dict:
     cfg.validate()
     t0 = time.time()
     install_cpu_backend()
+    get_adapter(AutoConfig.from_pretrained(cfg.model))  # a wrong or wrapper config fails before the weights load
     model = AutoModelForCausalLM.from_pretrained(cfg.model)
     adapter = get_adapter(model)
     if cfg.device is not None and not cfg.stream_layers:

@@ -65,6 +65,8 @@ class KeyChannelAdapter(ABC):
     One subclass per family, registered in `state_reduction.pruning.adapters.ADAPTERS` by model_type."""
 
     model_type: str
+    family: str
+    required_fields: tuple[str, ...]  # config fields the adapter reads (checked by `get_adapter`)
 
     @abstractmethod
     def mixers(self, model: nn.Module) -> Iterator[MixerRef]:

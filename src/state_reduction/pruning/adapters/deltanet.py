@@ -112,6 +112,7 @@ class DeltaNetAdapter(FlaKeyChannelAdapter):
 
     model_type = "delta_net"
     family = "DeltaNet"
+    required_fields = ("hidden_size", "num_heads", "expand_k", "expand_v", "num_hidden_layers")
     layout = FlaLayout(mixer_class="fla.layers.delta_net:DeltaNet")
 
     def key_heads(self, config) -> tuple[int, int]:
