@@ -154,7 +154,9 @@ def format_plan(p: dict, title: str = "") -> str:
     def g(b: int) -> str:
         return f"{b / GIB:8.2f} GiB" if b >= GIB else f"{b / 2**20:8.1f} MiB"
 
-    lines = [f"{title or p['model_type']}: {p['parameters'] / 1e9:.2f}B parameters, {p['blocks']} blocks "
+    n = p["parameters"]
+    count = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+    lines = [f"{title or p['model_type']}: {count} parameters, {p['blocks']} blocks "
              f"({p['reducible_layers']} reducible, {p['key_heads']} key heads x {p['key_dim']}), hidden "
              f"{p['hidden_size']}, vocab {p['vocab_size']}; calibration {p['n_calib']} x {p['seq_len']} tokens, "
              f"batch {p['batch_size']}, weights {p['weight_bytes']} bytes each"]
