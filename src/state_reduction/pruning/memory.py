@@ -91,7 +91,7 @@ def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, w
     and Grad's logits (bf16 logits, their float32 copy and gradient: 10 bytes per entry) and autograd-saved tensors
     (one block's activations again, plus the input gradient)."""
     from state_reduction.pruning.adapters import get_adapter
-    from state_reduction.pruning.streaming import _mixer_blocks, decoder_blocks
+    from state_reduction.pruning.streaming import decoder_blocks
 
     adapter = get_adapter(config)
     model = _meta_model(config)
@@ -112,8 +112,8 @@ def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, w
     for ref in mixers:
         w_q, _ = adapter.qk_weights(ref.module)
         qk_in[ref.layer] = w_q.shape[2]
-    proj = max((max((m.weight.numel() for m in b.modules() if isinstance(m, nn.Linear)), default=0)
-                for i, b in enumerate(blocks) if i in _mixer_blocks(blocks, mixers)), default=0)
+    # the largest projection of a mixer bounds the full gradient of the one holding q/k
+    proj = max(m.weight.numel() for ref in mixers for m in ref.module.modules() if isinstance(m, nn.Linear))
     n_mixers = len(mixers)
     t = {
         "weights": _numel(model) * weight_bytes,
@@ -126,7 +126,7 @@ def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, w
         "batch_hidden": tokens * d * resid,
         "logits": tokens * config.vocab_size * 10,
         "qk_gradient_sums": sum(2 * H * K * qk_in[r.layer] for r in mixers) * weight_bytes,
-        "projection_gradient": proj * weight_bytes,  # one q/k projection's full gradient before the hook slices it
+        "projection_gradient": proj * weight_bytes,  # one q/k projection's gradient before QKGradients slices it
         "boundaries": (len(blocks) + 1) * tokens * d * resid,  # host, Grad: one batch's block inputs
     }
     L = len(blocks)

@@ -93,7 +93,7 @@ def _on(module: nn.Module, device: torch.device, home: torch.device):
         module.to(home)
 
 
-def _mixer_blocks(blocks: nn.ModuleList, mixers) -> dict[int, object]:
+def mixer_blocks(blocks: nn.ModuleList, mixers) -> dict[int, object]:
     """Block index -> the MixerRef inside it."""
     where = {id(m): i for i, block in enumerate(blocks) for m in block.modules()}
     out = {}
@@ -113,7 +113,7 @@ def calibrate_streaming(model, adapter: KeyChannelAdapter, windows: torch.Tensor
     if not mixers:
         raise ValueError(f"calibration: no reducible mixers found in {type(model).__name__}")
     blocks = decoder_blocks(model)
-    by_block = _mixer_blocks(blocks, mixers)
+    by_block = mixer_blocks(blocks, mixers)
     home = next(model.parameters()).device
     device = home if device is None else torch.device(device)
     stats = {m.layer: LayerCalibration() for m in mixers}
