@@ -89,6 +89,7 @@ def test_paper_plan_resolves_without_the_hub_or_a_model(monkeypatch, capsys):
     name, config = plan["stages"]["prune"][0]
     assert name == "mamba2-370m-grad-r50-prune"
     assert config["calib"] == "fineweb-edu" and config["n_calib"] == 128 and config["seq_len"] == 2048
+    assert config["stream_layers"] is True and config["device"] == "cuda"  # 7B: one block at a time (issue 8)
     assert plan["stages"]["eval-pre"][0][1]["suite"] == "paper"
 
     assert cli.main(["run-table", "table12", "--profile", "paper", "--dry-run"]) == 0

@@ -13,7 +13,7 @@ from state_reduction.provenance import REPO_ROOT, TINY_CHECKPOINTS, TINY_MODELS_
 # Subcommands defined next to their code: each module has register(subparsers), which adds its parsers
 # with set_defaults(func=handler). Append a module here to add a subcommand.
 SUBCOMMAND_MODULES: list[str] = ["state_reduction.speed.cli", "state_reduction.rft.cli", "state_reduction.analysis.cli",
-                                 "state_reduction.slurm", "state_reduction.tracking"]
+                                 "state_reduction.pruning.memory", "state_reduction.slurm", "state_reduction.tracking"]
 
 
 def _cmd_data(args) -> int:
@@ -63,7 +63,8 @@ def _cmd_prune(args) -> int:
     record = prune(PruneConfig(
         model=args.model, method=args.method, ratio=args.ratio, out=args.out, select=args.select,
         calib=args.calib, n_calib=args.n_calib, seq_len=args.seq_len, seed=args.seed,
-        batch_size=args.batch_size, multiple=args.multiple, power_of_two=args.power_of_two, overwrite=args.overwrite, data_dir=args.data_dir))
+        batch_size=args.batch_size, multiple=args.multiple, power_of_two=args.power_of_two, overwrite=args.overwrite, data_dir=args.data_dir,
+        stream_layers=args.stream_layers, device=args.device))
     sb = record["state_bytes_per_sequence"]
     print(f"{record['model_type']}: {args.method} ({args.select}) kept {record['key_dim_after']}/{record['key_dim_before']} "
           f"channels per head; state {sb['before']} -> {sb['after']} bytes/sequence; {args.out} "
@@ -170,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--multiple", type=int, default=None, help="round kept channels down to a multiple (kernels)")
     pr.add_argument("--power-of-two", action="store_true",
                     help="round kept channels down to a power of two (fla pads K to one on GPU)")
+    pr.add_argument("--stream-layers", action="store_true",
+                    help="calibrate one decoder block at a time on --device (7B-9B models; same selections)")
+    pr.add_argument("--device", default=None, help="calibration device, e.g. cuda (default: the CPU)")
     pr.add_argument("--out", required=True)
     pr.add_argument("--overwrite", action="store_true")
     pr.add_argument("--experiment", default="prune", help="experiment name recorded in prune_result.json")

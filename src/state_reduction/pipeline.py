@@ -242,6 +242,7 @@ class _Runner:
             model=self.dense(cell.model)["path"], method=cell.method, ratio=cell.ratio, out=str(folder),
             select=config["select"], calib=config["calib"], n_calib=config["n_calib"],
             seq_len=config["seq_len"], seed=config["seed"], batch_size=config.get("batch_size", 8),
+            stream_layers=config.get("stream_layers", False), device=config.get("device"),
             overwrite=True, data_dir=self.data_dir))
         return prune_result(record, folder, profile=self.profile, experiment=self.spec["experiment"], config=config)
 

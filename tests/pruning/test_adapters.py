@@ -413,3 +413,46 @@ def test_gated_deltanet_config_rebuilds_the_value_dim_with_grouped_value_heads()
         assert (a.module.head_v_dim, a.module.head_k_dim) == (b.module.head_v_dim, b.module.head_k_dim) == (24, 7)
     assert torch.equal(logits(rebuilt, ids), logits(model, ids))
     assert adapter.state_bytes_per_sequence(model.config) == 2 * 8 * 7 * 24 * 2
+
+
+def _qwen3_5_vl_config():
+    from transformers.models.qwen3_5 import Qwen3_5Config
+
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2}
+    return Qwen3_5Config(text_config={**CONFIGS["qwen3_5"], "model_type": "qwen3_5_text"}, vision_config=vision)
+
+
+def test_a_vision_language_wrapper_names_the_text_model_and_how_to_get_it():
+    config = _qwen3_5_vl_config()
+    assert config.model_type == "qwen3_5" and config.text_config.model_type == "qwen3_5_text"
+    with pytest.raises(KeyError, match=r"'qwen3_5' is a wrapper .* 'qwen3_5_text' text model in config.text_config: "
+                                       r"extract it with transformers.AutoModelForCausalLM.from_pretrained"):
+        get_adapter(config)
+    assert get_adapter(config.text_config) is ADAPTERS["qwen3_5_text"]
+
+
+def test_a_config_lacking_the_adapters_fields_names_them_and_the_expected_model_type():
+    from types import SimpleNamespace
+
+    wrapper_like = SimpleNamespace(model_type="qwen3_5_text", text_config={"model_type": "qwen3_5_text"})
+    with pytest.raises(ValueError, match=r"Qwen3.5 adapter: the config of model_type 'qwen3_5_text' lacks "
+                                         r"linear_num_key_heads, .*expected a 'qwen3_5_text' config.*text_config"):
+        get_adapter(wrapper_like)
+    config = SimpleNamespace(model_type="mamba2", n_groups=8, num_heads=128, head_dim=64, num_hidden_layers=64)
+    with pytest.raises(ValueError, match=r"Mamba-2 adapter: .* lacks state_size; expected a 'mamba2' config") as e:
+        get_adapter(config)
+    assert "wrapper" not in str(e.value)
+
+
+def test_prune_refuses_a_vision_language_checkpoint_before_loading_it(tmp_path, capsys):
+    from transformers.models.qwen3_5 import Qwen3_5ForConditionalGeneration
+
+    from state_reduction.cli import main
+
+    path = tmp_path / "vl"
+    Qwen3_5ForConditionalGeneration(_qwen3_5_vl_config()).save_pretrained(path)
+    assert main(["prune", str(path), "--method", "l1", "--ratio", "0.5", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "'qwen3_5' is a wrapper" in err and "save_pretrained(text_dir)" in err
+    assert not (tmp_path / "o").exists()

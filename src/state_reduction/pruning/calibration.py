@@ -37,23 +37,55 @@ def _accumulate_input(stats: LayerCalibration, x: torch.Tensor) -> None:
     stats.input_sq = sq if stats.input_sq is None else stats.input_sq + sq
 
 
-@torch.no_grad()
-def _saliency_views(adapter: KeyChannelAdapter, mixer) -> tuple[torch.Tensor, torch.Tensor]:
-    """|W * dL/dW| laid out like `adapter.qk_weights` ([H, K, d_in] each), float64.
-
-    The adapter knows where the q/k rows live, so its views are read off with every parameter's data
-    temporarily replaced by its saliency; the weights are put back before returning."""
-    saved = {}
+def _rows_of(mixer, view: torch.Tensor, where: str) -> tuple[torch.nn.Parameter, slice]:
+    """The parameter of `mixer` whose rows `view` ([H, K, d_in], from `adapter.qk_weights`) is, and those rows."""
     for p in mixer.parameters():
-        if p.grad is not None:
-            saved[p] = p.data
-            p.data = (p.data.double() * p.grad.double()).abs()
-    try:
-        w_q, w_k = adapter.qk_weights(mixer)
-        return w_q.clone(), w_k.clone()
-    finally:
-        for p, data in saved.items():
-            p.data = data
+        if p.dim() == 2 and p.untyped_storage().data_ptr() == view.untyped_storage().data_ptr():
+            start, width = view.storage_offset() - p.storage_offset(), p.shape[1]
+            rows = view.shape[0] * view.shape[1]
+            if p.is_contiguous() and view.shape[2] == width and start % width == 0 and view.is_contiguous():
+                return p, slice(start // width, start // width + rows)
+    raise ValueError(f"calibration: the q/k weights of {where} are not a block of rows of one 2-D parameter")
+
+
+class QKGradients:
+    """Sums of dL/dW over backward passes for the q/k rows of every mixer only.
+
+    Only the parameters holding q/k rows require gradients; after each backward a hook adds their q/k rows
+    to a sum kept on `home` (in the weight's dtype, the sum autograd's own accumulation would form) and frees
+    the full gradient, so the extra memory is the q/k rows of every layer, not a copy of the weights."""
+
+    def __init__(self, adapter: KeyChannelAdapter, mixers, home: torch.device | str = "cpu"):
+        self.adapter, self.home = adapter, torch.device(home)
+        self.sums: dict[tuple[int, str], torch.Tensor] = {}
+        self.handles, owners = [], {}
+        for ref in mixers:
+            w_q, w_k = adapter.qk_weights(ref.module)
+            for side, view in (("q", w_q), ("k", w_k)):
+                param, rows = _rows_of(ref.module, view, f"{type(ref.module).__name__} layer {ref.layer}")
+                owners.setdefault(param, []).append(((ref.layer, side), rows, tuple(view.shape)))
+        for param, parts in owners.items():
+            param.requires_grad_(True)
+            self.handles.append(param.register_post_accumulate_grad_hook(
+                lambda p, parts=parts: self._take(p, parts)))
+
+    @torch.no_grad()
+    def _take(self, param: torch.nn.Parameter, parts) -> None:
+        for key, rows, shape in parts:
+            g = param.grad[rows].reshape(shape).to(self.home)
+            self.sums[key] = g.clone() if key not in self.sums else self.sums[key] + g
+        param.grad = None
+
+    @torch.no_grad()
+    def saliency(self, ref) -> tuple[torch.Tensor, torch.Tensor]:
+        """[H, K] float64 each: sum_i |W[j, i] * (sum of dL/dW)[j, i]| for the queries and the keys of `ref`."""
+        w_q, w_k = self.adapter.qk_weights(ref.module)
+        return tuple((w.detach().to(self.home).double() * self.sums[(ref.layer, side)].double()).abs().sum(-1)
+                     for side, w in (("q", w_q), ("k", w_k)))
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
 
 
 def check_finite(stats: dict[int, LayerCalibration]) -> None:
@@ -88,28 +120,27 @@ def calibrate(model, adapter: KeyChannelAdapter, windows: torch.Tensor, batch_si
     model.eval()
     params = [p for p in model.parameters()]
     requires = [p.requires_grad for p in params]
+    grads = None
     try:
+        for p in params:
+            p.requires_grad_(False)
+            p.grad = None
         if gradients:
-            for p in params:
-                p.requires_grad_(False)
-                p.grad = None
-            for m in mixers:
-                m.module.requires_grad_(True)
+            grads = QKGradients(adapter, mixers, home=device)
         n_batches = math.ceil(windows.shape[0] / batch_size)
         for i in tqdm(range(n_batches), desc="calibration", leave=False):
             x = windows[i * batch_size:(i + 1) * batch_size].to(device)
             if gradients:
-                loss = model(input_ids=x, labels=x).loss
+                loss = model(input_ids=x, labels=x, use_cache=False).loss
                 (loss * x.shape[0] / windows.shape[0]).backward()
             else:
                 with torch.no_grad():  # the hooks need the mixers only: skip the [B, T, vocab] logits
                     model.base_model(input_ids=x, use_cache=False)
         if gradients:
             for m in mixers:
-                sal_q, sal_k = _saliency_views(adapter, m.module)
-                stats[m.layer].saliency_q, stats[m.layer].saliency_k = sal_q.sum(-1), sal_k.sum(-1)
+                stats[m.layer].saliency_q, stats[m.layer].saliency_k = grads.saliency(m)
     finally:
-        for h in handles:
+        for h in handles + (grads.handles if grads is not None else []):
             h.remove()
         for p, r in zip(params, requires):
             p.requires_grad_(r)

@@ -32,6 +32,8 @@ class PruneConfig:
     power_of_two: bool = False
     overwrite: bool = False
     data_dir: str | None = None
+    stream_layers: bool = False  # calibrate with one decoder block at a time on `device` (7B-9B models, issue 8)
+    device: str | None = None  # compute device of calibration (None: where the model loads, the CPU)
 
     def validate(self) -> None:
         get_selector(self.method)
@@ -39,6 +41,10 @@ class PruneConfig:
             raise ValueError(f"--select must be one of {', '.join(MODES)}, got {self.select!r}")
         if self.n_calib < 1 or self.seq_len < 2:
             raise ValueError(f"--n-calib must be >= 1 and --seq-len >= 2, got {self.n_calib}, {self.seq_len}")
+        if self.device is not None:
+            device = torch.device(self.device)
+            if device.type == "cuda" and not torch.cuda.is_available():
+                raise ValueError(f"--device {self.device}: torch.cuda.is_available() is False on this machine")
         if Path(self.out).exists() and not self.overwrite:
             raise FileExistsError(f"output directory {self.out} exists; pass --overwrite to replace it")
 
@@ -53,7 +59,7 @@ def _peak_memory_bytes() -> int:
 
 def prune(cfg: PruneConfig) -> dict:
     """Prune `cfg.model` and write the checkpoint and selection.json to `cfg.out`; returns the record."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     import state_reduction  # noqa: F401  (Auto-class registration)
     from state_reduction.backend import install_cpu_backend
@@ -61,13 +67,17 @@ def prune(cfg: PruneConfig) -> dict:
     from state_reduction.provenance import collect_provenance, write_json_atomic
     from state_reduction.pruning.adapters import get_adapter
     from state_reduction.pruning.calibration import calibrate
+    from state_reduction.pruning.streaming import calibrate_streaming
     from state_reduction.pruning.surgery import reduce_model, save_reduced
 
     cfg.validate()
     t0 = time.time()
     install_cpu_backend()
+    get_adapter(AutoConfig.from_pretrained(cfg.model))  # a wrong or wrapper config fails before the weights load
     model = AutoModelForCausalLM.from_pretrained(cfg.model)
     adapter = get_adapter(model)
+    if cfg.device is not None and not cfg.stream_layers:
+        model.to(cfg.device)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     H, K = adapter.key_heads(model.config)
     keep = keep_count(K, cfg.ratio, cfg.multiple, cfg.power_of_two)
@@ -77,8 +87,12 @@ def prune(cfg: PruneConfig) -> dict:
     if cfg.method in NEEDS_CALIBRATION and keep < K:
         windows = sample_sequences(tokenizer, cfg.calib, n=cfg.n_calib, seq_len=cfg.seq_len, seed=cfg.seed,
                                    stream="calibration", data_dir=cfg.data_dir)
-        stats = calibrate(model, adapter, windows, batch_size=cfg.batch_size,
-                          gradients=cfg.method in NEEDS_GRADIENTS)
+        if cfg.stream_layers:
+            stats = calibrate_streaming(model, adapter, windows, batch_size=cfg.batch_size,
+                                        gradients=cfg.method in NEEDS_GRADIENTS, device=cfg.device)
+        else:
+            stats = calibrate(model, adapter, windows, batch_size=cfg.batch_size,
+                              gradients=cfg.method in NEEDS_GRADIENTS)
         calibration = {"corpus": cfg.calib, "stream": "calibration", "n": cfg.n_calib, "seq_len": cfg.seq_len,
                        "tokens": int(windows.numel()), "seed": cfg.seed,
                        "sha256": get_corpus_info(cfg.calib).sha256}

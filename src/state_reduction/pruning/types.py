@@ -65,6 +65,8 @@ class KeyChannelAdapter(ABC):
     One subclass per family, registered in `state_reduction.pruning.adapters.ADAPTERS` by model_type."""
 
     model_type: str
+    family: str
+    required_fields: tuple[str, ...]  # config fields the adapter reads (checked by `get_adapter`)
 
     @abstractmethod
     def mixers(self, model: nn.Module) -> Iterator[MixerRef]:
@@ -94,3 +96,8 @@ class KeyChannelAdapter(ABC):
     @abstractmethod
     def state_bytes_per_sequence(self, config, dtype: torch.dtype = torch.bfloat16) -> int:
         """Recurrent-state bytes of one sequence across all reducible mixers (conv caches excluded)."""
+
+    def block_output(self, hidden: torch.Tensor, kwargs: dict):
+        """What one decoder block returns to its model's layer loop when its new hidden states are `hidden` and it
+        was called with `kwargs`; layer-streamed calibration stands in for the blocks with it."""
+        return hidden

@@ -14,21 +14,41 @@ ADAPTERS: dict[str, KeyChannelAdapter] = {
     a.model_type: a for a in (DeltaNetAdapter(), GatedDeltaNetAdapter(), Mamba2Adapter(), Qwen3_5Adapter())
 }
 
-# model types that wrap a supported one: how to reach it
-_WRAPPERS = {
-    "qwen3_5": "qwen3_5 is the vision-language wrapper; reduce its text model: load it with "
-               "transformers.Qwen3_5ForCausalLM.from_pretrained(path) (config.text_config has model_type qwen3_5_text)",
-}
+# model types that wrap a supported one, when the config does not say which (no text_config)
+_WRAPPERS = {"qwen3_5": "qwen3_5_text"}
+
+
+def _text_model_hint(config, model_type: str | None, expected: str) -> str:
+    """How to reach the `expected` text model from a wrapper config (vision-language models keep it in text_config)."""
+    text = getattr(config, "text_config", None)
+    inner = text.get("model_type") if isinstance(text, dict) else getattr(text, "model_type", None)
+    if text is None and model_type not in _WRAPPERS:
+        return ""
+    inner = inner or _WRAPPERS.get(model_type, expected)
+    return (f"; model_type {model_type!r} is a wrapper (e.g. vision-language) around a {inner!r} text model in "
+            f"config.text_config: extract it with transformers.AutoModelForCausalLM.from_pretrained(path) (which builds "
+            f"the text model, e.g. Qwen3_5ForCausalLM for qwen3_5, from text_config) followed by "
+            f".save_pretrained(text_dir) and its tokenizer, and reduce text_dir (its config has model_type {inner!r})")
 
 
 def get_adapter(model_or_config) -> KeyChannelAdapter:
-    """The adapter for a model or its config, looked up by `config.model_type`."""
+    """The adapter for a model or its config, looked up by `config.model_type`; the config must have the fields the
+    adapter reads (`required_fields`)."""
     config = getattr(model_or_config, "config", model_or_config)
     model_type = getattr(config, "model_type", None)
     if model_type in ADAPTERS:
-        return ADAPTERS[model_type]
-    if model_type in _WRAPPERS:
-        hint = f"; {_WRAPPERS[model_type]}"
+        adapter = ADAPTERS[model_type]
+        missing = [f for f in adapter.required_fields if not hasattr(config, f)]
+        if missing:
+            raise ValueError(
+                f"{adapter.family} adapter: the config of model_type {model_type!r} lacks {', '.join(missing)}; "
+                f"expected a {adapter.model_type!r} config with {', '.join(adapter.required_fields)}"
+                + _text_model_hint(config, model_type, adapter.model_type))
+        return adapter
+    text = getattr(config, "text_config", None)
+    inner = text.get("model_type") if isinstance(text, dict) else getattr(text, "model_type", None)
+    if inner in ADAPTERS or model_type in _WRAPPERS:
+        hint = _text_model_hint(config, model_type, inner or _WRAPPERS[model_type])
     else:
         close = difflib.get_close_matches(str(model_type), list(ADAPTERS), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -86,6 +86,10 @@ class FlaKeyChannelAdapter(KeyChannelAdapter):
     def force_separate_convs(self, mixer: nn.Module) -> list:
         return []
 
+    def block_output(self, hidden: torch.Tensor, kwargs: dict):
+        """fla blocks return (hidden, attentions, past_key_values, attnres_states)."""
+        return hidden, None, kwargs.get("past_key_values"), kwargs.get("attnres_states")
+
     def apply_selection(self, mixer: nn.Module, selection: KeyChannelSelection) -> None:
         lay = self.layout
         h, k = mixer.num_heads, mixer.head_k_dim
@@ -108,6 +112,7 @@ class DeltaNetAdapter(FlaKeyChannelAdapter):
 
     model_type = "delta_net"
     family = "DeltaNet"
+    required_fields = ("hidden_size", "num_heads", "expand_k", "expand_v", "num_hidden_layers")
     layout = FlaLayout(mixer_class="fla.layers.delta_net:DeltaNet")
 
     def key_heads(self, config) -> tuple[int, int]:

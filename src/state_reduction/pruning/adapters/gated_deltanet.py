@@ -36,6 +36,7 @@ class GatedDeltaNetAdapter(FlaKeyChannelAdapter):
 
     model_type = "gated_deltanet"
     family = "GatedDeltaNet"
+    required_fields = ("num_heads", "head_dim", "expand_v", "num_hidden_layers")
     layout = FlaLayout(mixer_class="fla.layers.gated_deltanet:GatedDeltaNet")
 
     def key_heads(self, config) -> tuple[int, int]:

@@ -19,6 +19,8 @@ class Mamba2Adapter(FusedQKAdapter, KeyChannelAdapter):
     """Key heads are the B/C groups; state [heads, head_dim, N] per layer."""
 
     model_type = "mamba2"
+    family = "Mamba-2"
+    required_fields = ("n_groups", "state_size", "num_heads", "head_dim", "num_hidden_layers")
     in_proj, conv = "in_proj", "conv1d"
     q_segment, k_segment = 3, 2  # C, B in [z | x | B | C | dt]
     q_conv_segment, k_conv_segment = 2, 1  # in [x | B | C]

@@ -19,6 +19,9 @@ class Qwen3_5Adapter(FusedQKAdapter, KeyChannelAdapter):
     """Key heads are the linear key heads; state [Hv, K, V] per linear-attention layer."""
 
     model_type = "qwen3_5_text"
+    family = "Qwen3.5"
+    required_fields = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads",
+                       "linear_value_head_dim", "layer_types")
     in_proj, conv = "in_proj_qkv", "conv1d"
     q_segment, k_segment = 0, 1
     q_conv_segment, k_conv_segment = 0, 1

@@ -1,0 +1,267 @@
+"""Memory plan of calibration for the paper's large models (issue 8): what sits on the compute device and on the
+host, all at once (`calibrate`) and layer-streamed (`calibrate_streaming`), and a heap-peak measurement for the
+tiny models on CPU.
+
+Weights, block sizes, embeddings and head are counted exactly from the model built on the meta device from its
+configuration. Activations are estimates with named terms (see `plan`), checked against the heap peaks measured
+on the tiny models (`measure`, `state-reduction memory-plan CHECKPOINT --measure`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    family: str  # state_reduction.models family
+    config: dict
+    source: str
+
+
+# The paper gives no architecture numbers for its two large models; these are their public configurations.
+ARCHITECTURES = {
+    "codestral-7b": Architecture(
+        "mistralai/Mamba-Codestral-7B-v0.1", "mamba2",
+        {"hidden_size": 4096, "num_hidden_layers": 64, "state_size": 128, "n_groups": 8, "expand": 2,
+         "head_dim": 64, "num_heads": 128, "conv_kernel": 4, "vocab_size": 32768, "chunk_size": 256,
+         "tie_word_embeddings": False, "residual_in_fp32": True},
+        "the public config.json of mistralai/Mamba-Codestral-7B-v0.1, which transformers 5.24's Mamba2Config "
+        "defaults reproduce field for field (installed package; the hub is not reachable here)"),
+    "qwen3_5-9b": Architecture(
+        "Qwen/Qwen3.5-9B, text model (qwen3_5_text)", "qwen3_5",
+        {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32,
+         "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 8, "num_attention_heads": 16,
+         "num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16, "linear_key_head_dim": 128,
+         "linear_num_value_heads": 32, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+         "vocab_size": 248320, "tie_word_embeddings": False},
+        "text_config of the public Qwen/Qwen3.5-9B config.json as quoted in third-party code (a config probe "
+        "test and a shape contract found by code search; not checked against the hub, which is not reachable here)"),
+}
+
+
+def build_config(name_or_path: str):
+    """The config of a named architecture (ARCHITECTURES) or of a checkpoint folder / config.json."""
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    import state_reduction  # noqa: F401  (Auto-class registration)
+    from state_reduction.models.registry import build_config as family_config
+
+    if name_or_path in ARCHITECTURES:
+        arch = ARCHITECTURES[name_or_path]
+        return family_config(arch.family, **arch.config)
+    path = Path(name_or_path)
+    if not path.exists():
+        raise FileNotFoundError(f"memory-plan: {name_or_path!r} is neither a known architecture "
+                                f"({', '.join(ARCHITECTURES)}) nor a checkpoint folder or config.json")
+    if path.is_file():
+        return AutoConfig.for_model(**json.loads(path.read_text()))
+    return AutoConfig.from_pretrained(str(path))
+
+
+def _meta_model(config):
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _numel(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, weight_bytes: int = 2) -> dict:
+    """Bytes per term of calibration for `config` at `n_calib` windows of `seq_len` tokens, `batch_size` per forward,
+    weights of `weight_bytes` (bf16: 2).
+
+    Exact (meta model): weights, the largest block, everything outside the blocks, q/k rows, statistics.
+    Estimates: `block_activations` = every Linear output and conv channel of one block alive at once for one
+    batch (B T sum(out_features) bytes), the calibration hooks' float64 copies of q, k and the projection input,
+    and Grad's logits (bf16 logits, their float32 copy and gradient: 10 bytes per entry) and autograd-saved tensors
+    (one block's activations again, plus the input gradient)."""
+    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.pruning.streaming import decoder_blocks
+
+    adapter = get_adapter(config)
+    model = _meta_model(config)
+    blocks = decoder_blocks(model)
+    mixers = list(adapter.mixers(model))
+    in_blocks = {id(p) for p in blocks.parameters()}
+    outside = sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
+    H, K = adapter.key_heads(config)
+    d = config.hidden_size
+    tokens = batch_size * seq_len
+    resid = 4 if getattr(config, "residual_in_fp32", False) else weight_bytes
+
+    def widths(block):
+        return sum(m.out_features for m in block.modules() if isinstance(m, nn.Linear)) + \
+            sum(m.out_channels for m in block.modules() if isinstance(m, nn.Conv1d))
+
+    qk_in = {}
+    for ref in mixers:
+        w_q, _ = adapter.qk_weights(ref.module)
+        qk_in[ref.layer] = w_q.shape[2]
+    # the largest projection of a mixer bounds the full gradient of the one holding q/k
+    proj = max(m.weight.numel() for ref in mixers for m in ref.module.modules() if isinstance(m, nn.Linear))
+    n_mixers = len(mixers)
+    t = {
+        "weights": _numel(model) * weight_bytes,
+        "largest_block": max(_numel(b) for b in blocks) * weight_bytes,
+        "outside_blocks": outside * weight_bytes,  # embeddings, final norm, lm_head
+        "block_activations": tokens * max(widths(b) for b in blocks) * weight_bytes,
+        "hook_copies": tokens * (4 * H * K + 2 * max(qk_in.values())) * 8,
+        "statistics": n_mixers * ((4 * H * K * K + 2 * H * K) * 8 + max(qk_in.values()) * 8),
+        "hidden_store": n_calib * seq_len * d * resid,  # host: every window's hidden states
+        "batch_hidden": tokens * d * resid,
+        "logits": tokens * config.vocab_size * 10,
+        "qk_gradient_sums": sum(2 * H * K * qk_in[r.layer] for r in mixers) * weight_bytes,
+        "projection_gradient": proj * weight_bytes,  # one q/k projection's gradient before QKGradients slices it
+        "boundaries": (len(blocks) + 1) * tokens * d * resid,  # host, Grad: one batch's block inputs
+    }
+    L = len(blocks)
+    device = {
+        "all_at_once_forward": t["weights"] + t["block_activations"] + t["hook_copies"] + t["statistics"]
+        + 2 * t["batch_hidden"],
+        "all_at_once_grad": t["weights"] + L * (t["block_activations"] + t["batch_hidden"]) + t["hook_copies"]
+        + t["statistics"] + t["logits"] + t["qk_gradient_sums"] + t["projection_gradient"],
+        "streamed_forward": t["largest_block"] + t["outside_blocks"] + t["block_activations"] + t["hook_copies"]
+        + t["statistics"] + 2 * t["batch_hidden"],
+        "streamed_grad": t["largest_block"] + t["outside_blocks"] + 2 * t["block_activations"] + t["hook_copies"]
+        + t["statistics"] + max(t["logits"], 3 * t["batch_hidden"]) + t["projection_gradient"],
+    }
+    host = {
+        "streamed_forward": t["weights"] + t["hidden_store"] + t["batch_hidden"],
+        "streamed_grad": t["weights"] + t["boundaries"] + t["qk_gradient_sums"],
+    }
+    return {"model_type": config.model_type, "n_calib": n_calib, "seq_len": seq_len, "batch_size": batch_size,
+            "weight_bytes": weight_bytes, "parameters": _numel(model), "blocks": L, "reducible_layers": n_mixers,
+            "key_heads": H, "key_dim": K, "hidden_size": d, "vocab_size": config.vocab_size,
+            "terms": t, "device": device, "host": host}
+
+
+def format_plan(p: dict, title: str = "") -> str:
+    def g(b: int) -> str:
+        return f"{b / GIB:8.2f} GiB" if b >= GIB else f"{b / 2**20:8.1f} MiB"
+
+    n = p["parameters"]
+    count = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+    lines = [f"{title or p['model_type']}: {count} parameters, {p['blocks']} blocks "
+             f"({p['reducible_layers']} reducible, {p['key_heads']} key heads x {p['key_dim']}), hidden "
+             f"{p['hidden_size']}, vocab {p['vocab_size']}; calibration {p['n_calib']} x {p['seq_len']} tokens, "
+             f"batch {p['batch_size']}, weights {p['weight_bytes']} bytes each"]
+    lines += [f"  {name:<22}{g(b)}" for name, b in p["terms"].items()]
+    lines.append("  peak on the compute device:")
+    lines += [f"    {name:<20}{g(b)}" for name, b in p["device"].items()]
+    lines.append("  host memory (streamed; the all-at-once path holds the weights on the device):")
+    lines += [f"    {name:<20}{g(b)}" for name, b in p["host"].items()]
+    return "\n".join(lines)
+
+
+def _glibc_heap():
+    libc = ctypes.CDLL("libc.so.6")
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                     "keepcost")]
+
+    libc.mallinfo2.restype = Mallinfo2
+
+    def in_use() -> int:
+        info = libc.mallinfo2()
+        return info.uordblks + info.hblkhd  # bytes in malloc'd chunks, small (arena) and mmap'd
+
+    return in_use
+
+
+class HeapPeak(TorchDispatchMode):
+    """Peak of the process heap above its level at entry, sampled after every aten op (CPU tensors are malloc'd,
+    so this counts every tensor created inside, activations and autograd's saved tensors included). glibc only."""
+
+    def __init__(self):
+        super().__init__()
+        self.in_use = _glibc_heap()
+        self.base = self.peak = 0
+
+    def __enter__(self):
+        self.base = self.in_use()
+        self.peak = 0
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.peak = max(self.peak, self.in_use() - self.base)
+        return out
+
+
+def measure(path: str, n_calib: int = 8, seq_len: int = 256, batch_size: int = 4, seed: int = 0) -> dict:
+    """Heap peaks (bytes above the loaded model) of calibration on CPU for a checkpoint, all at once and streamed,
+    without and with gradients, on random token windows (memory does not depend on the tokens)."""
+    from transformers import AutoModelForCausalLM
+
+    import state_reduction  # noqa: F401
+    from state_reduction.backend import install_cpu_backend
+    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.pruning.calibration import calibrate
+    from state_reduction.pruning.streaming import calibrate_streaming
+
+    install_cpu_backend()
+    model = AutoModelForCausalLM.from_pretrained(path)
+    adapter = get_adapter(model)
+    windows = torch.randint(0, model.config.vocab_size, (n_calib, seq_len),
+                            generator=torch.Generator().manual_seed(seed))
+    out = {}
+    for name, fn in (("all_at_once", calibrate), ("streamed", calibrate_streaming)):
+        for grad in (False, True):
+            fn(model, adapter, windows[:batch_size], batch_size=batch_size, gradients=grad)  # warm up lazy state
+            with HeapPeak() as peak:
+                fn(model, adapter, windows, batch_size=batch_size, gradients=grad)
+            out[f"{name}_{'grad' if grad else 'forward'}"] = peak.peak
+    return out
+
+
+def _cmd_memory_plan(args) -> int:
+    config = build_config(args.model)
+    weight_bytes = {"bfloat16": 2, "float32": 4}[args.dtype]
+    p = plan(config, args.n_calib, args.seq_len, args.batch_size, weight_bytes)
+    arch = ARCHITECTURES.get(args.model)
+    print(format_plan(p, arch.name if arch else args.model))
+    if arch:
+        print(f"  architecture source: {arch.source}")
+    if args.measure:
+        measured = measure(args.model, args.n_calib, args.seq_len, args.batch_size)
+        p["measured_heap_peak"] = measured
+        print(f"  measured heap peak on CPU above the loaded model (float32 checkpoint; "
+              f"{args.n_calib} x {args.seq_len}, batch {args.batch_size}):")
+        for name, b in measured.items():
+            print(f"    {name:<20}{b / 2**20:8.1f} MiB")
+    if args.out:
+        from state_reduction.provenance import write_json_atomic
+
+        write_json_atomic(args.out, {"model": args.model, **p})
+        print(f"plan: {args.out}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("memory-plan", help="device and host memory of calibration, all at once and layer-streamed")
+    p.add_argument("model", help=f"{', '.join(ARCHITECTURES)}, a checkpoint folder or a config.json")
+    p.add_argument("--n-calib", type=int, default=128, help="calibration windows (paper profile: 128)")
+    p.add_argument("--seq-len", type=int, default=2048, help="tokens per window (paper profile: 2048)")
+    p.add_argument("--batch-size", type=int, default=1, help="windows per forward (paper profile: 1)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weight dtype")
+    p.add_argument("--measure", action="store_true",
+                   help="also run calibration of the checkpoint on CPU and report measured heap peaks")
+    p.add_argument("--out", default=None, help="write the plan as JSON")
+    p.set_defaults(func=_cmd_memory_plan)
