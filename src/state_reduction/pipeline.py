@@ -176,6 +176,28 @@ def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell]) -> list
     return [Cell(c.model, c.method, c.ratio, v) for c in cells for v in table_variations(spec, table, profile)]
 
 
+def check_context(spec: dict, profile: str, keys, local_only: bool = False) -> None:
+    """Before any compute: the context length of the profile's long-context suite must fit every model of the
+    table (evaluation.longctx.check_model_path reads config and tokenizer files only). `local_only` (dry runs)
+    skips models that are not local folders, which would need the hub."""
+    from state_reduction.evaluation.longctx import check_model_path
+    from state_reduction.evaluation.run import SUITE_CONTEXT
+
+    evaluate = profile_spec(spec, profile)["evaluate"]
+    if evaluate["suite"] not in SUITE_CONTEXT:
+        return
+    for key in keys:
+        try:
+            path = resolve_model_path(profile_spec(spec, profile)["models"][key]["path"])
+        except PipelineError:
+            if local_only:
+                continue
+            raise
+        if local_only and not Path(path).is_dir():
+            continue
+        check_model_path(path, SUITE_CONTEXT[evaluate["suite"]], evaluate.get("max_length"))
+
+
 class _Runner:
     """The stage functions of one experiment and profile."""
 
@@ -334,6 +356,7 @@ def plan_table(experiment: str | None, table: str, profile: str = "tiny", result
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile)
+    check_context(spec, profile, keys, local_only=True)
     runner = _Runner(spec, profile, results_root, dry_run=True)
     return {"experiment": spec["experiment"], "table": table, "profile": profile, "results_dir": str(runner.out),
             "models": {k: runner.dense(k)["path"] for k in keys}, "rft": list(rft_states),
@@ -356,6 +379,7 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
             raise PipelineError(f"profile 'paper' runs the paper's checkpoints and lm-eval tasks from the "
                                 f"Hugging Face hub; {e}. Use --profile tiny (make {table} PROFILE=tiny) here, "
                                 f"or --dry-run to print the plan") from None
+    check_context(spec, profile, keys)
     import torch
 
     torch.manual_seed(0)
