@@ -14,8 +14,7 @@ import yaml
 import state_reduction  # noqa: F401  (registers the model families)
 from state_reduction.backend import install_cpu_backend
 from state_reduction.data import resolve_data_dir
-from state_reduction.evaluation import evaluate
-from state_reduction.evaluation import longctx
+from state_reduction.evaluation import evaluate, longctx
 from state_reduction.evaluation import run as run_module
 from state_reduction.evaluation.longctx import (
     LENGTHS,
@@ -137,9 +136,8 @@ def test_context_limits_and_errors(tokenizer):
 
 
 def test_evaluate_refuses_a_too_long_context_before_any_compute(monkeypatch, tokenizer):
-    from transformers import AutoModelForCausalLM
-
     import lm_eval
+    from transformers import AutoModelForCausalLM
 
     def fail(*a, **k):
         raise AssertionError("lm-eval ran")
