@@ -124,8 +124,11 @@ def plot(t: Table, metrics, stem: Path) -> list[Path]:
             if t.table == "table4":
                 ys = [t.get(model, meth, t.ratios[0], True, m) for meth in ["baseline"] + t.methods]
                 xs = [j + (i - 0.5) * 0.38 for i in range(len(ys))]
-                ax.bar([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], 0.38,
-                       color=["tab:gray", "tab:green"][:len(ys)])
+                for i, (x, y) in enumerate(zip(xs, ys)):
+                    if y is not None:
+                        ax.bar(x, y, 0.38, color=["tab:gray", "tab:green"][i % 2],
+                               label=(["Baseline"] + [f"{METHOD_NAMES[m]} {round(t.ratios[0] * 100)}%" for m in t.methods])[i]
+                               if j == 0 else None)
                 continue
             for k, method in enumerate(t.methods):
                 pts = [(r * 100, t.get(model, method, r, True, m)) for r in sorted(t.ratios)]
@@ -138,7 +141,8 @@ def plot(t: Table, metrics, stem: Path) -> list[Path]:
             ax.set_xticks(range(len(t.models)), t.models, fontsize=7)
         else:
             ax.set_xlabel("key channels removed (%)")
-            ax.legend(fontsize=7)
+        ax.legend(fontsize=7)
+        ax.set_ylim(0, 100)  # percent: a one-point change looks like one
         if t.profile == "tiny":
             ax.axhline(25.0, color="tab:red", ls=":", lw=1)
         ax.set_title(_plain(m[1]), fontsize=9)
