@@ -174,6 +174,28 @@ def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell]) -> list
     return [Cell(c.model, c.method, c.ratio, v) for c in cells for v in table_variations(spec, table, profile)]
 
 
+def check_context(spec: dict, profile: str, keys, local_only: bool = False) -> None:
+    """Before any compute: the context length of the profile's long-context suite must fit every model of the
+    table (evaluation.longctx.check_model_path reads config and tokenizer files only). `local_only` (dry runs)
+    skips models that are not local folders, which would need the hub."""
+    from state_reduction.evaluation.longctx import check_model_path
+    from state_reduction.evaluation.run import SUITE_CONTEXT
+
+    evaluate = profile_spec(spec, profile)["evaluate"]
+    if evaluate["suite"] not in SUITE_CONTEXT:
+        return
+    for key in keys:
+        try:
+            path = resolve_model_path(profile_spec(spec, profile)["models"][key]["path"])
+        except PipelineError:
+            if local_only:
+                continue
+            raise
+        if local_only and not Path(path).is_dir():
+            continue
+        check_model_path(path, SUITE_CONTEXT[evaluate["suite"]], evaluate.get("max_length"))
+
+
 class _Runner:
     """The stage functions of one experiment and profile."""
 
@@ -347,6 +369,7 @@ def plan_table(experiment: str | None, table: str, profile: str = "tiny", result
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile)
+    check_context(spec, profile, keys, local_only=True)
     runner = _Runner(spec, profile, results_root, dry_run=True)
     return {"experiment": spec["experiment"], "table": table, "profile": profile, "results_dir": str(runner.out),
             "models": {k: runner.dense(k)["path"] for k in keys}, "rft": list(rft_states),
@@ -361,6 +384,7 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile)
     _require_hub_for(profile, f"make {table}")
+    check_context(spec, profile, keys)
     import torch
 
     torch.manual_seed(0)
@@ -444,8 +468,9 @@ def task_jobs(experiment: str, name: str, profile: str = "tiny", tables=None, st
 def run_task(experiment: str, name: str, profile: str = "tiny", tables=None, stages=STAGES, results_root=None,
              data_dir=None) -> list[Path]:
     """Run what is missing of one task of plan_tasks (a job array element); return its result files."""
-    find_task(experiment, name, profile, tables)
+    task = find_task(experiment, name, profile, tables)
     _require_hub_for(profile, "run the task")
+    check_context(load_experiment(experiment), profile, [task.model])
     import torch
 
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The published numbers of Tables 1, 3, 8, 9, 10, 12, 13 and 20-24, as transcribed into paper_tables/reference_data/*.json,
+"""The published numbers of Tables 1, 3, 4, 8, 9, 10, 11, 12, 13 and 20-24, as transcribed into paper_tables/reference_data/*.json,
 checked against the paper itself by a route independent of the transcription script: every number
 printed in a table must appear in the JSON as often as in the paper, with its row labels."""
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "paper_tables" / "reference_data"
 PAPER_COPY = DATA / "state_reduction_in_linear_attention.md"
 SHARED_PAPER = ROOT.parent / "shared" / "papers" / "state_reduction_in_linear_attention.md"
-TABLES = (1, 3, 8, 9, 10, 12, 13, 20, 21, 22, 23, 24)
+TABLES = (1, 3, 4, 8, 9, 10, 11, 12, 13, 20, 21, 22, 23, 24)
 LABELS = {"rand": "Rand", "l1": "L1", "wanda": "S-Wanda", "grad": "Grad", "drrqr": "DRRQR", "baseline": "Baseline"}
 
 
@@ -97,7 +97,7 @@ def _label(row) -> list[str]:
     return [LABELS[row["method"]]] if row["method"] == "baseline" else [LABELS[row["method"]], f"{round(row['ratio'] * 100)}%"]
 
 
-@pytest.mark.parametrize("number, first_value", [(3, 1), (8, 1), (10, 2), (12, 1), (13, 1)])
+@pytest.mark.parametrize("number, first_value", [(3, 1), (8, 1), (10, 2), (11, 1), (12, 1), (13, 1)])
 def test_single_model_rows_keep_their_method_and_ratio(number, first_value):
     """Each published row, in order, names the row's method (and ratio: as a column or 'DRRQR 25%') and
     holds the row's numbers in the transcribed order."""
@@ -109,7 +109,7 @@ def test_single_model_rows_keep_their_method_and_ratio(number, first_value):
         label = " ".join(cells[:first_value])
         if row["method"] == "baseline":
             assert label in ("Baseline", "Baseline 0%") and row["ratio"] == 0.0
-        elif number in (12, 13):
+        elif number in (11, 12, 13):
             assert label == " ".join(_label(row))
         elif number == 10:
             assert cells[:2] == _label(row)
@@ -117,6 +117,23 @@ def test_single_model_rows_keep_their_method_and_ratio(number, first_value):
             assert label == LABELS[row["method"]] and row["ratio"] == {3: 0.5, 8: 0.75}[number]
         values = [v for k, v in row.items() if k.endswith(("_ppl", "_acc", "_acc_norm", "_avg"))]
         assert [float(c) for c in cells[first_value:]] == values
+
+
+def test_table4_rows_keep_model_and_method():
+    """Table 4: 'GDN 1.3B' / 'Qwen3.5 9B' blocks of Baseline and DRRQR (50%, post-RFT), RULER and NIAH at 4K; the
+    paper's second row of a block has no model cell (a trailing empty cell instead)."""
+    doc = json.loads((DATA / "table4.json").read_text())
+    block = paper_block(4)[1:]
+    assert len(block) == len(doc["rows"]) == 4
+    names = {"GDN 1.3B": "Gated DeltaNet 1.3B", "Qwen3.5 9B": "Qwen3.5 9B"}
+    model = None
+    for line, row in zip(block, doc["rows"]):
+        cells = [c.strip() for c in line.strip().strip("|").split("|") if c.strip()]
+        if cells[0] in names:
+            model, cells = names[cells[0]], cells[1:]
+        assert row["model"] == model and LABELS[row["method"]] == cells[0]
+        assert row["ratio"] == (0.0 if row["method"] == "baseline" else 0.5) and row["rft"] == (row["method"] != "baseline")
+        assert [row["ruler_4k_acc"], row["niah_4k_acc"]] == [float(c) for c in cells[1:3]]
 
 
 def test_table9_rows_keep_model_method_and_ratio():

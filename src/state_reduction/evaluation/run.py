@@ -11,6 +11,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from state_reduction.evaluation.longctx import LENGTHS as LONGCTX_LENGTHS
+from state_reduction.evaluation.longctx import TASKS as LONGCTX_TASKS
+from state_reduction.evaluation.longctx import build_longctx_suite, check_context_length
 from state_reduction.evaluation.tiny_suite import build_tiny_suite, render_task_yamls
 
 
@@ -44,12 +47,39 @@ TINY_METRICS: dict[str, list[tuple[str, str, bool]]] = {
     "tiny_next_sentence": [("acc", "next_sentence_acc", True), ("acc_norm", "next_sentence_acc_norm", False)],
 }
 
+# Long-context retrieval (Tables 4, 11, 12). Tiny: the synthetic tasks of `longctx` at the tiny models' training
+# length (256) and twice that, as the paper evaluates its 2K-trained models at 2K and 4K. Paper: lm-eval's
+# RULER (13 tasks, sized at 2K and 4K through the metadata `max_seq_lengths`), SQuAD and SWDE completion.
+TINY_LONGCTX: dict[str, list[tuple[str, str, bool]]] = {
+    name: [("acc", f"{task.family}_{task.length}_acc", False)] for name, task in LONGCTX_TASKS.items()}
+RULER_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+               "niah_multikey_3", "niah_multiquery", "niah_multivalue", "ruler_vt", "ruler_cwe", "ruler_fwe",
+               "ruler_qa_squad", "ruler_qa_hotpot")
+PAPER_LONGCTX_LENGTHS = (2048, 4096)
+PAPER_LONGCTX: dict[str, list[tuple[str, str, bool]]] = {
+    **{t: [(str(n), f"{t}_{n // 1024}k_acc", False) for n in PAPER_LONGCTX_LENGTHS] for t in RULER_TASKS},
+    "squad_completion": [("contains", "squad_acc", False)],
+    "swde": [("contains", "swde_acc", False)],
+}
+# Table columns that are means over tasks: RULER = the unweighted mean of its tasks (lm-eval's group with
+# weight_by_size False); NIAH = the single-needle tasks (the paper names "single-needle" without a variant).
+SUITE_MEANS = {
+    "tiny_longctx": {f"{col}_{n}_acc": [f"{f}_{n}_acc" for f in families]
+                     for n in LONGCTX_LENGTHS for col, families in (("ruler", ("passkey", "kv")), ("niah", ("passkey",)))},
+    "paper_longctx": {f"{col}_{n // 1024}k_acc": [f"{t}_{n // 1024}k_acc" for t in tasks]
+                      for n in PAPER_LONGCTX_LENGTHS
+                      for col, tasks in (("ruler", RULER_TASKS), ("niah", RULER_TASKS[:3]))},
+}
+# The context length (tokens) each long-context suite asks of the model, checked before any compute.
+SUITE_CONTEXT = {"tiny_longctx": max(LONGCTX_LENGTHS), "paper_longctx": max(PAPER_LONGCTX_LENGTHS)}
+
 # Perplexity only (the ablations of Tables 2, 7, 14-16 report WikiText-2 perplexity): the same tasks and
 # metrics without the choice tasks, which dominate the run time.
 SUITES = {"tiny": TINY_METRICS, "paper": PAPER_METRICS,
           "tiny_ppl": {t: TINY_METRICS[t] for t in ("tiny_wiki_ppl", "tiny_ptb_ppl")},
-          "paper_ppl": {"wikitext": PAPER_METRICS["wikitext"]}}
-HUB_SUITES = ("paper", "paper_ppl")
+          "paper_ppl": {"wikitext": PAPER_METRICS["wikitext"]},
+          "tiny_longctx": TINY_LONGCTX, "paper_longctx": PAPER_LONGCTX}
+HUB_SUITES = ("paper", "paper_ppl", "paper_longctx")
 _OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
@@ -91,6 +121,10 @@ def _flatten(results: dict, table: dict) -> dict:
     return metrics
 
 
+def _with_means(metrics: dict, means: dict) -> dict:
+    return {**metrics, **{key: sum(metrics[k] for k in parts) / len(parts) for key, parts in means.items()}}
+
+
 def load_causal_lm(path: str, device: str = "cpu"):
     """(model, tokenizer) from a local checkpoint or a hub id, with errors that name the path: a local path
     that does not exist or has no config.json, or a model that is not a causal language model."""
@@ -124,6 +158,10 @@ def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_le
     tests and smoke runs only.
     """
     table = _suite_table(suite)
+    if suite in SUITE_CONTEXT:
+        path = getattr(model, "name_or_path", None)
+        check_context_length(SUITE_CONTEXT[suite], model.config, tokenizer, name=path, max_length=max_length,
+                             model_dir=path if path and Path(path).is_dir() else None)
     if suite in HUB_SUITES:
         _require_hub()
         return _run(model, tokenizer, suite, table, batch_size, max_length, limit, data_dir)
@@ -150,19 +188,22 @@ def _run(model, tokenizer, suite, table, batch_size, max_length, limit, data_dir
     tasks = list(table)
     with tempfile.TemporaryDirectory(prefix="tiny_suite_tasks_") as task_dir:
         if suite not in HUB_SUITES:
-            manifest = build_tiny_suite(data_dir)
+            manifest = build_longctx_suite(tokenizer, data_dir) if suite == "tiny_longctx" else build_tiny_suite(data_dir)
             task_manager = TaskManager(include_path=str(render_task_yamls(manifest, task_dir)), include_defaults=False)
             data = {t: {"data_file": manifest["tasks"][t]["data_file"], "sha256": manifest["tasks"][t]["sha256"]}
                     for t in tasks}
         else:
-            task_manager = TaskManager()
+            # RULER sizes its synthetic inputs with the model's own tokenizer, at the suite's lengths
+            metadata = ({"tokenizer": tokenizer.name_or_path, "max_seq_lengths": list(PAPER_LONGCTX_LENGTHS)}
+                        if suite == "paper_longctx" else None)
+            task_manager = TaskManager(metadata=metadata)
             data = {t: None for t in tasks}
         results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=0, limit=limit, task_manager=task_manager,
                                           log_samples=False, bootstrap_iters=0, batch_size=batch_size)
     return {
         "suite": suite,
         "tasks": tasks,
-        "metrics": _flatten(results, table),
+        "metrics": _with_means(_flatten(results, table), SUITE_MEANS.get(suite, {})),
         "n_examples": {t: int(results["n-samples"][t]["effective"]) for t in tasks},
         "data": data,
         "model": {"class": type(model).__name__, "name_or_path": getattr(model, "name_or_path", None),

@@ -34,6 +34,7 @@ SEED = 0
 SPLIT = "test"
 TEMPLATE_DIR = Path(__file__).parent / "tasks"
 DATA_FILE_PLACEHOLDER = "@DATA_FILE@"
+TASK_PLACEHOLDER = "@TASK@"
 N_LAMBADA = 300
 N_CONTINUATION = 300
 N_NEXT_SENTENCE = 300
@@ -254,15 +255,18 @@ def build_tiny_suite(data_dir=None, force: bool = False) -> dict:
 
 
 def render_task_yamls(manifest: dict, out_dir: str | Path) -> Path:
-    """Fill each packaged `tasks/<name>.yaml` with its absolute data-file path; write them to out_dir."""
+    """Fill each packaged `tasks/<template>.yaml` (the task's `template`, else its name) with its absolute
+    data-file path (and its name, where the template is shared: `@TASK@`); write them to out_dir."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, task in manifest["tasks"].items():
-        template = (TEMPLATE_DIR / f"{name}.yaml").read_text()
+        path = TEMPLATE_DIR / f"{task.get('template', name)}.yaml"
+        template = path.read_text()
         if DATA_FILE_PLACEHOLDER not in template:
-            raise ValueError(f"task template {TEMPLATE_DIR / name}.yaml has no {DATA_FILE_PLACEHOLDER}")
+            raise ValueError(f"task template {path} has no {DATA_FILE_PLACEHOLDER}")
         # json.dumps quotes the path as a YAML string whatever characters it holds.
-        (out_dir / f"{name}.yaml").write_text(template.replace(f'"{DATA_FILE_PLACEHOLDER}"', json.dumps(task["data_file"])))
+        text = template.replace(f'"{DATA_FILE_PLACEHOLDER}"', json.dumps(task["data_file"]))
+        (out_dir / f"{name}.yaml").write_text(text.replace(f'"{TASK_PLACEHOLDER}"', json.dumps(name)))
         config = yaml.safe_load((out_dir / f"{name}.yaml").read_text())
         if config["task"] != name or config["dataset_kwargs"]["data_files"]["test"] != task["data_file"]:
             raise ValueError(f"rendered task {name}: unexpected task name or data file in {out_dir / name}.yaml")

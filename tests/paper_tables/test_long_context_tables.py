@@ -1,0 +1,79 @@
+"""Renderers of Tables 4 and 11 (experiments/long_context): numbers only from result files, the tiny profile's
+columns at 256/512 tokens beside the paper's 2K/4K, holes listed, figures written."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from state_reduction.results import build_result, write_result
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "paper_tables"))
+import long_context_tables
+
+
+def put(root, model, method, ratio, **metrics):
+    stage = "baseline" if method == "baseline" else "eval-post"
+    config = {"experiment": "long_context", "stage": stage, "model": model, "method": method, "ratio": ratio,
+              "rft": method != "baseline", "suite": "tiny_longctx"}
+    write_result(Path(root) / "tiny" / "long_context" / f"{model}-{method}-r{round(ratio * 100)}-{stage}.json",
+                 build_result("evaluate", profile="tiny", experiment="long_context", config=config,
+                              metrics=metrics, wall_time_s=1.0))
+
+
+def recall(short, long):
+    return {"ruler_256_acc": short, "ruler_512_acc": long, "niah_256_acc": short + 0.1, "niah_512_acc": long + 0.1}
+
+
+@pytest.fixture
+def results(tmp_path):
+    root = tmp_path / "results"
+    put(root, "gated_deltanet", "baseline", 0.0, **recall(0.6, 0.5))
+    put(root, "gated_deltanet", "drrqr", 0.2, **recall(0.55, 0.45))
+    put(root, "gated_deltanet", "grad", 0.2, **recall(0.58, 0.4))
+    put(root, "gated_deltanet", "drrqr", 0.5, **recall(0.3, 0.2))
+    put(root, "qwen3_5", "baseline", 0.0, **recall(0.9, 0.8))
+    return root
+
+
+def render(table, results, tmp_path):
+    return long_context_tables.render(table, "tiny", results_root=results, out_root=tmp_path / "out",
+                                      figures_root=tmp_path / "figures", quiet=True)
+
+
+def md_rows(path):
+    return [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in path.read_text().splitlines()[2:]]
+
+
+def test_table11_rows_marks_and_holes(results, tmp_path):
+    out = render("table11", results, tmp_path)
+    rows = {r[1]: r[2:] for r in md_rows(out["md"])}
+    assert list(rows) == ["Baseline", "DRRQR 20%", "Grad 20%", "DRRQR 30%", "Grad 30%", "DRRQR 50%", "Grad 50%"]
+    assert rows["Baseline"] == ["60.0", "50.0", "70.0", "60.0"]
+    # best among the methods at the same ratio; two methods: no second mark
+    assert rows["DRRQR 20%"][:2] == ["55.0", "**45.0**"] and rows["Grad 20%"][:2] == ["**58.0**", "40.0"]
+    assert rows["Grad 50%"] == ["--"] * 4 and rows["DRRQR 30%"] == ["--"] * 4
+    assert "gated_deltanet-grad-r50-eval-post" in out["missing"] and "gated_deltanet-drrqr-r20-eval-post" not in out["missing"]
+    header = out["md"].read_text().splitlines()[0]
+    assert "RULER 256" in header and "NIAH 512" in header and "SQuAD" not in header  # no tiny SQuAD/SWDE analog
+
+
+def test_comparison_pairs_tiny_lengths_with_the_papers(results, tmp_path):
+    text = render("table11", results, tmp_path)["vs_paper"].read_text()
+    assert "| RULER 256 ours | RULER 2K paper | RULER 512 ours | RULER 4K paper |" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("| Gated DeltaNet 1.3B | gated_deltanet | DRRQR | 50% |"))
+    assert "| 30.0 | 37.9 | 20.0 | 27.5 | 40.0 | 81.9 | 30.0 | 61.9 |" in line
+
+
+def test_table4_shows_both_models_at_the_long_length(results, tmp_path):
+    out = render("table4", results, tmp_path)
+    rows = md_rows(out["md"])
+    assert [r[1] for r in rows] == ["Baseline", "DRRQR", "Baseline", "DRRQR"]
+    assert rows[0][0].startswith("tiny gated_deltanet") and rows[2][0].startswith("tiny qwen3_5")
+    assert rows[0][2:] == ["50.0", "60.0"] and rows[1][2:] == ["20.0", "30.0"] and rows[3][2:] == ["--", "--"]
+    assert out["missing"] == ["qwen3_5-drrqr-r50-eval-post"]
+    text = out["vs_paper"].read_text()
+    assert "| Qwen3.5 9B | qwen3_5 | Baseline | 0% | 80.0 | 93.9 | 90.0 | 100.0 |" in text
+    png, pdf = out["figures"]
+    assert png.stat().st_size > 5000 and pdf.read_bytes()[:4] == b"%PDF"
