@@ -16,6 +16,7 @@ help:
 	@echo "make table13   Table 13, Qwen3.5 pre-RFT (experiments/qwen3_5); also table12; Mamba-2: table3, table8 ... table10"
 	@echo "make table16   Table 16, K+Q vs K vs Q selection (experiments/coupled_selection); table2, table7: calibration sensitivity"
 	@echo "make table17   Table 17, decode speed (tiny profile: CPU benchmarks); also table18, table19, figure4"
+	@echo "make figures   Figures 2-7 (rank analysis, speed); table4, table11: long context; table14, table15: PCA vs shared conv"
 	@echo "make submit    Slurm job array of an experiment (EXP=..., PROFILE=...); make status; make wandb-sync"
 	@echo "make test      the test suite (CPU)"
 	@echo "make setup     create $(VENV) and install the project (idempotent)"
@@ -99,3 +100,8 @@ dashboard: setup
 
 # Further targets live one file per study in mk/ (each experiment's own targets), included here.
 include $(sort $(wildcard mk/*.mk))
+
+# Every figure of the paper this project reproduces (Figure 4 from the speed benchmarks, Figures 2, 3, 5, 6, 7
+# from experiments/rank_analysis); each runs what its results lack first.
+.PHONY: figures
+figures: figure2 figure3 figure4 figure5 figure6 figure7
