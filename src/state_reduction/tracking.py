@@ -159,7 +159,7 @@ def mirror_result(path: str | Path, record: dict | None = None, results_root=Non
             run.log({f"rft/{k}": v for k, v in rec.items() if k != "step" and isinstance(v, (int, float))},
                     step=int(rec["step"]))
         run.summary.update({k: v for k, v in _flatten(record.get("metrics", {})).items() if v is not None})
-        run.summary.update({"wall_time_s": record.get("wall_time_s")})
+        run.summary.update({"result_wall_time_s": record.get("wall_time_s")})
         run_dir = str(Path(run.dir).parent)
         run.finish()
     except Exception as e:  # noqa: BLE001 -- wandb must never stop a sweep: the JSON result is already written
