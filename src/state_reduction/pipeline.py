@@ -171,6 +171,20 @@ def table_variations(spec: dict, table: str, profile: str) -> list[tuple[tuple[s
     return out
 
 
+def table_evaluate(spec: dict, table: str, profile: str) -> tuple[dict, str]:
+    """The evaluation settings of `table` on `profile`: the profile's `evaluate:` updated by the table's own
+    `evaluate: {<profile>: {...}}` (Table 14 needs the zero-shot suite where its experiment's other table needs
+    perplexity only), and the suffix its evaluation results carry in their names ("" when nothing changes)."""
+    base = profile_spec(spec, profile)["evaluate"]
+    override = (spec["tables"][table].get("evaluate") or {}).get(profile) or {}
+    unknown = sorted(set(override) - set(base))
+    if unknown:
+        raise PipelineError(f"{table} of experiment {spec['experiment']!r} overrides evaluate settings {unknown}; "
+                            f"settings: {', '.join(base)}")
+    changed = sorted((k, v) for k, v in override.items() if base[k] != v)
+    return {**base, **override}, "".join(f"-{k}_{v}" for k, v in changed)
+
+
 def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell]) -> list[Cell]:
     """Each cell once per variation of the table (unchanged where the table has no `vary:`)."""
     return [Cell(c.model, c.method, c.ratio, v) for c in cells for v in table_variations(spec, table, profile)]
@@ -179,9 +193,11 @@ def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell]) -> list
 class _Runner:
     """The stage functions of one experiment and profile."""
 
-    def __init__(self, spec: dict, profile: str, results_root=None, data_dir=None, dry_run: bool = False):
+    def __init__(self, spec: dict, profile: str, results_root=None, data_dir=None, dry_run: bool = False,
+                 evaluate: tuple[dict, str] | None = None):
         self.spec, self.profile, self.data_dir, self.dry_run = spec, profile, data_dir, dry_run
         self.p = profile_spec(spec, profile)
+        self.evaluate, self.eval_suffix = evaluate or (self.p["evaluate"], "")  # see table_evaluate
         self.out = results_dir(profile, spec["experiment"], results_root)
         self.models_dir = self.out / "models"
         self._dense = {}
@@ -224,7 +240,7 @@ class _Runner:
         else:
             of = config_key(self.rft_config(cell) if rft else self.prune_config(cell))
         stage = "baseline" if cell.method == "baseline" else ("eval-post" if rft else "eval-pre")
-        return {**self._base(cell, stage), "rft": rft, "of": of, **self.p["evaluate"]}
+        return {**self._base(cell, stage), "rft": rft, "of": of, **self.evaluate}
 
     def model_dir(self, cell: Cell, stage: str, config: dict) -> Path:
         return self.models_dir / f"{cell.name}-{stage}-{config_key(config)}"
@@ -313,17 +329,18 @@ class _Runner:
 
 def _stage_jobs(runner: _Runner, keys, cells, rft_states, stages):
     """(stage, [(result name, config)], stage function) in the order they run."""
+    sfx = runner.eval_suffix
     if "baseline" in stages:
         base = [Cell(k, "baseline", 0.0) for k in keys]
-        yield "baseline", [(f"{c.name}-eval", runner.eval_config(c, False)) for c in base], runner.run_eval
+        yield "baseline", [(f"{c.name}-eval{sfx}", runner.eval_config(c, False)) for c in base], runner.run_eval
     if "prune" in stages:
         yield "prune", [(f"{c.name}-prune", runner.prune_config(c)) for c in cells], runner.run_prune
     if False in rft_states and "eval-pre" in stages:
-        yield "eval-pre", [(f"{c.name}-eval-pre", runner.eval_config(c, False)) for c in cells], runner.run_eval
+        yield "eval-pre", [(f"{c.name}-eval-pre{sfx}", runner.eval_config(c, False)) for c in cells], runner.run_eval
     if True in rft_states and "rft" in stages:
         yield "rft", [(f"{c.name}-rft", runner.rft_config(c)) for c in cells], runner.run_rft
     if True in rft_states and "eval-post" in stages:
-        yield "eval-post", [(f"{c.name}-eval-post", runner.eval_config(c, True)) for c in cells], runner.run_eval
+        yield "eval-post", [(f"{c.name}-eval-post{sfx}", runner.eval_config(c, True)) for c in cells], runner.run_eval
 
 
 def plan_table(experiment: str | None, table: str, profile: str = "tiny", results_root=None,
@@ -334,7 +351,7 @@ def plan_table(experiment: str | None, table: str, profile: str = "tiny", result
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile)
-    runner = _Runner(spec, profile, results_root, dry_run=True)
+    runner = _Runner(spec, profile, results_root, dry_run=True, evaluate=table_evaluate(spec, table, profile))
     return {"experiment": spec["experiment"], "table": table, "profile": profile, "results_dir": str(runner.out),
             "models": {k: runner.dense(k)["path"] for k in keys}, "rft": list(rft_states),
             "stages": {stage: jobs for stage, jobs, _ in _stage_jobs(runner, keys, cells, rft_states, stages)}}
@@ -359,7 +376,7 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
     import torch
 
     torch.manual_seed(0)
-    runner = _Runner(spec, profile, results_root, data_dir)
+    runner = _Runner(spec, profile, results_root, data_dir, evaluate=table_evaluate(spec, table, profile))
     paths = []
     for _, jobs, fn in _stage_jobs(runner, keys, cells, rft_states, stages):
         paths += run_sweep(jobs, fn, runner.out)
