@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from state_reduction.pipeline import Cell, PipelineError, _stage_jobs, _Runner, load_experiment, table_cells, table_evaluate
+from state_reduction.pipeline import (
+    Cell,
+    PipelineError,
+    _Runner,
+    _stage_jobs,
+    load_experiment,
+    table_cells,
+    table_evaluate,
+)
 from state_reduction.results import build_result, write_result
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +33,8 @@ def test_table14_evaluates_three_dense_variants_with_the_zero_shot_suite():
     assert settings["suite"] == "tiny" and settings["limit"] == 100 and suffix == "-limit_100-suite_tiny"
     assert table_evaluate(spec, "table14", "paper")[0]["suite"] == "paper"
     runner = _Runner(spec, "tiny", dry_run=True, evaluate=(settings, suffix))
-    (stage, jobs, _), = list(_stage_jobs(runner, models, cells, rft, ("baseline", "prune", "eval-pre")))[:1]
-    assert stage == "baseline" and [n for n, _ in jobs][0] == "deltanet-baseline-r0-eval-limit_100-suite_tiny"
+    stage, jobs, _ = next(_stage_jobs(runner, models, cells, rft, ("baseline", "prune", "eval-pre")))
+    assert stage == "baseline" and jobs[0][0] == "deltanet-baseline-r0-eval-limit_100-suite_tiny"
     assert all(c["suite"] == "tiny" and c["limit"] == 100 for _, c in jobs)
 
 
