@@ -187,3 +187,23 @@ def test_pruning_a_shared_conv_checkpoint(checkpoint, tmp_path, method):
             assert torch.equal(p, q), f"{name}: pruning changed a shared filter"
     out = logits(pruned, x)
     assert torch.isfinite(out).all() and not torch.allclose(out, logits(dense, x))
+
+
+def test_the_flame_370m_configs_build_the_three_variants_with_the_paper_shape():
+    """experiments/pca_vs_shared_conv/flame: 24 layers, 8 heads x d_k 128; the three differ only in conv sharing."""
+    from transformers import AutoConfig
+
+    folder = TOKENIZER.parents[1] / "pca_vs_shared_conv" / "flame"
+    configs = {name: json.loads((folder / f"{name}.json").read_text())
+               for name in ("delta_net_370M", "delta_net_shared_head_370M", "delta_net_shared_all_370M")}
+    strip = {"model_type", "conv_sharing"}
+    assert len({json.dumps({k: v for k, v in c.items() if k not in strip}, sort_keys=True) for c in configs.values()}) == 1
+    for name, raw in configs.items():
+        config = AutoConfig.for_model(**raw)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        mixer = model.model.layers[0].attn
+        assert (config.num_hidden_layers, mixer.num_heads, mixer.head_k_dim) == (24, 8, 128)
+        expected = {"delta_net_370M": None, "delta_net_shared_head_370M": 8, "delta_net_shared_all_370M": 1}[name]
+        assert getattr(mixer.k_conv1d, "n_filters", None) == expected
+        assert 3.6e8 < sum(p.numel() for p in model.parameters()) < 4.0e8
