@@ -14,7 +14,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import state_reduction  # noqa: F401  (registers the families)
 from state_reduction.backend import install_cpu_backend
 from state_reduction.models import build_model
-from state_reduction.models.shared_conv import SharedConvDeltaNetConfig, SharedShortConvolution
+from state_reduction.models.shared_conv import (
+    SharedConvDeltaNetConfig,
+    SharedShortConvolution,
+)
 from state_reduction.pruning.adapters import get_adapter
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.pruning.surgery import reduce_model
