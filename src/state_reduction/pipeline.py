@@ -213,6 +213,9 @@ class _Runner:
             self._dense[key] = {"path": path, "weights_sha256": "<hashed at run time>"}
         if key not in self._dense:
             path = resolve_model_path(self.p["models"][key]["path"])
+            if self.profile == "tiny" and not Path(path).is_dir():  # else taken for a hub id, failing much later
+                raise PipelineError(f"model {key!r} of profile 'tiny': no checkpoint folder {path} (the tiny profile "
+                                    "runs local checkpoints; experiments/tiny_models/README.md trains them)")
             self._dense[key] = {"path": path, **{k: v for k, v in model_entry(path).items() if k != "path"}}
         return self._dense[key]
 

@@ -111,3 +111,11 @@ def test_table15_marks_methods_per_ratio_and_checks_the_papers_claims(tmp_path):
     assert shared[2:] == ["yes (900.0 vs 8000.0)", "yes (184.5 vs 2.1e+05)", "yes (600.0 vs 900.0)", "yes (69.8 vs 184.5)"]
     non_shared = claims["DeltaNet 370M (no shared conv) (deltanet) 75%"]
     assert non_shared[2] == "no (12000.0 vs 9000.0)" and non_shared[3] == "no (3.3e+05 vs 3.1e+05)"
+
+
+def test_a_missing_tiny_checkpoint_is_named(tmp_path):
+    spec = load_experiment(EXPERIMENT)
+    spec["profiles"]["tiny"]["models"]["deltanet_shared_all"]["path"] = str(tmp_path / "not_trained")
+    runner = _Runner(spec, "tiny", results_root=tmp_path)
+    with pytest.raises(PipelineError, match="model 'deltanet_shared_all' of profile 'tiny': no checkpoint folder"):
+        runner.dense("deltanet_shared_all")
