@@ -152,6 +152,21 @@ def test_adapter_rotation_and_slicing_keep_the_shared_filters(sharing):
     assert torch.isfinite(logits(model, x)).all()
 
 
+@pytest.mark.parametrize("sharing", ["head", "all"])
+def test_cached_decode_of_a_pruned_shared_conv_model_equals_full_forward(sharing):
+    model, x = tiny(sharing), ids(length=12)
+    keep = torch.arange(1, CHANNELS, 3).repeat(HEADS, 1)
+    reduce_model(model, {ref.layer: KeyChannelSelection(keep=keep) for ref in get_adapter(model).mixers(model)})
+    full = logits(model, x)
+    with torch.no_grad():
+        out = model(x[:, :8], use_cache=True)
+        steps = [out.logits]
+        for t in range(8, x.shape[1]):
+            out = model(x[:, t:t + 1], use_cache=True, past_key_values=out.cache)
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-10, rtol=0)
+
+
 def test_config_rejects_unknown_sharing_and_conv_bias():
     with pytest.raises(ValueError, match="conv_sharing='heads'.*none, head, all"):
         SharedConvDeltaNetConfig(conv_sharing="heads")
