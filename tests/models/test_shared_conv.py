@@ -225,3 +225,21 @@ def test_the_flame_370m_configs_build_the_three_variants_with_the_paper_shape():
         expected = {"delta_net_370M": None, "delta_net_shared_head_370M": 8, "delta_net_shared_all_370M": 1}[name]
         assert getattr(mixer.k_conv1d, "n_filters", None) == expected
         assert 3.6e8 < sum(p.numel() for p in model.parameters()) < 4.0e8
+
+
+@pytest.mark.parametrize("sharing", ["head", "all"])
+def test_tiny_shared_conv_configs_are_the_tiny_deltanet_recipe_but_for_the_sharing(sharing):
+    """Table 14 compares pretrained variants: only the conv sharing may differ from the committed ×× model."""
+    from state_reduction.training.pretrain import PretrainConfig
+
+    configs = TOKENIZER.parent / "configs"
+    base = PretrainConfig.from_yaml(configs / "deltanet.yaml").to_dict()
+    trained = json.loads((TOKENIZER.parent / "checkpoints" / "deltanet" / "training_record.json").read_text())["config"]
+    assert {k: v for k, v in trained.items() if k != "threads"} == {k: v for k, v in base.items() if k != "threads"}
+    shared = PretrainConfig.from_yaml(configs / f"deltanet_shared_{sharing}.yaml").to_dict()
+    assert shared.pop("model").pop("conv_sharing") == sharing
+    assert (shared.pop("name"), shared.pop("family")) == (f"deltanet_shared_{sharing}", "deltanet_shared_conv")
+    model = base.pop("model")
+    base.pop("name"), base.pop("family")
+    assert shared == base
+    assert PretrainConfig.from_yaml(configs / f"deltanet_shared_{sharing}.yaml").model == {**model, "conv_sharing": sharing}
