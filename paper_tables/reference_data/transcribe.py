@@ -1,4 +1,4 @@
-"""Transcribe the paper's published Tables 1, 3, 4, 8, 9, 10, 11, 12, 13 and 20-24 into JSON, once (also Tables 2,
+"""Transcribe the paper's published Tables 1, 3, 4, 8, 9, 10, 11, 12, 13, 14, 15 and 20-24 into JSON, once (also Tables 2,
 7, 16 and the rank analysis: Tables 5, 6 and the two overlap numbers of appendix C.2, as tableC2.json).
 
     python paper_tables/reference_data/transcribe.py
@@ -281,6 +281,44 @@ def transcribe_overlap(text):
                      {**base, "method": "drrqr", "compare": "rand", "median_shared": int(rand)}]
 
 
+# Appendix C.6 (Tables 14, 15): DeltaNet 370M pretrained without / with shared q/k conv filters. The paper's
+# "Shared" column of Table 15 is the per-head variant: its 0% row (29.55) is Table 14's ×✓ row (29.5).
+SHARED_CONV_MODELS = {"$\\times$$\\times$": "DeltaNet 370M (no shared conv)",
+                      "$\\times$✓": "DeltaNet 370M (conv shared within heads)",
+                      "✓✓": "DeltaNet 370M (conv shared within and across heads)"}
+TABLE15_METHODS = {"PCA (adv.)": "pca-adv", "PCA (prop.)": "pca", "Grad": "grad", "–": "baseline"}
+
+
+def _scientific(cell: str) -> float:
+    """'$3.1\\cdot 10^{5}$' -> 310000.0; '${184.48}$' -> 184.48."""
+    match = re.fullmatch(r"\$\{?([\d.]+)\}?(?:\\cdot 10\^\{(\d+)\})?\$|([\d.]+)", cell)
+    if match is None:
+        raise ValueError(f"not a number: {cell!r}")
+    mantissa, exponent, plain = match.groups()
+    return float(plain) if plain else float(mantissa) * 10 ** int(exponent or 0)
+
+
+def transcribe_table14(text):
+    caption, rows = markdown_table(text, 14)
+    return caption, [_row(SHARED_CONV_MODELS[c[0]], "baseline", 0.0, False, **dict(zip(ZS_COLUMNS, map(_num, c[1:10]))))
+                     for c in rows[1:]]
+
+
+def transcribe_table15(text):
+    """Rows after the first of a ratio lost their 'Comp.' cell in the markdown (shifted left by one)."""
+    caption, rows = markdown_table(text, 15)
+    assert rows[0] == ["Comp.", "Method", "Non Shared", "Shared"], rows[0]
+    out, ratio = [], None
+    models = [SHARED_CONV_MODELS["$\\times$$\\times$"], SHARED_CONV_MODELS["$\\times$✓"]]
+    for cells in rows[1:]:
+        if cells[0].endswith("%"):
+            ratio, cells = int(cells[0][:-1]) / 100, cells[1:]
+        method = TABLE15_METHODS[cells[0]]
+        for model, value in zip(models, cells[1:3], strict=True):
+            out.append(_row(model, method, ratio, False, wiki_ppl=_scientific(value)))
+    return caption, out
+
+
 def main() -> None:
     text = paper_text()
     tables = {1: transcribe_table1(text), 3: transcribe_table3(text), 8: transcribe_table8(text),
@@ -289,6 +327,7 @@ def main() -> None:
               13: transcribe_table13(text), 20: transcribe_table20(text)}
     tables.update({n: transcribe_zero_shot(text, n) for n in ZS_TABLES})
     tables.update(transcribe_ablations(text))
+    tables.update({14: transcribe_table14(text), 15: transcribe_table15(text)})
     for number, (caption, rows) in tables.items():
         doc = {"table": number, "source": PAPER.name, "source_sha256": PAPER_SHA256, "caption": caption,
                "units": {"*_ppl": "perplexity", "*_acc*, zero_shot_avg": "percent"}, "rows": rows}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from state_reduction.results import (
     config_key,
     measure,
     model_entry,
+    read_result,
     results_dir,
     run_sweep,
 )
@@ -169,19 +171,33 @@ def table_variations(spec: dict, table: str, profile: str) -> list[tuple[tuple[s
     return out
 
 
+def table_evaluate(spec: dict, table: str, profile: str) -> tuple[dict, str]:
+    """The evaluation settings of `table` on `profile`: the profile's `evaluate:` updated by the table's own
+    `evaluate: {<profile>: {...}}` (Table 14 needs the zero-shot suite where its experiment's other table needs
+    perplexity only), and the suffix its evaluation results carry in their names ("" when nothing changes)."""
+    base = profile_spec(spec, profile)["evaluate"]
+    override = (spec["tables"][table].get("evaluate") or {}).get(profile) or {}
+    unknown = sorted(set(override) - set(base))
+    if unknown:
+        raise PipelineError(f"{table} of experiment {spec['experiment']!r} overrides evaluate settings {unknown}; "
+                            f"settings: {', '.join(base)}")
+    changed = sorted((k, v) for k, v in override.items() if base[k] != v)
+    return {**base, **override}, "".join(f"-{k}_{v}" for k, v in changed)
+
+
 def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell]) -> list[Cell]:
     """Each cell once per variation of the table (unchanged where the table has no `vary:`)."""
     return [Cell(c.model, c.method, c.ratio, v) for c in cells for v in table_variations(spec, table, profile)]
 
 
-def check_context(spec: dict, profile: str, keys, local_only: bool = False) -> None:
-    """Before any compute: the context length of the profile's long-context suite must fit every model of the
-    table (evaluation.longctx.check_model_path reads config and tokenizer files only). `local_only` (dry runs)
-    skips models that are not local folders, which would need the hub."""
+def check_context(spec: dict, profile: str, keys, local_only: bool = False, evaluate: dict | None = None) -> None:
+    """Before any compute: the context length of the long-context suite (the table's `evaluate`, else the
+    profile's) must fit every model of the table (evaluation.longctx.check_model_path reads config and tokenizer
+    files only). `local_only` (dry runs) skips models that are not local folders, which would need the hub."""
     from state_reduction.evaluation.longctx import check_model_path
     from state_reduction.evaluation.run import SUITE_CONTEXT
 
-    evaluate = profile_spec(spec, profile)["evaluate"]
+    evaluate = evaluate or profile_spec(spec, profile)["evaluate"]
     if evaluate["suite"] not in SUITE_CONTEXT:
         return
     for key in keys:
@@ -199,9 +215,11 @@ def check_context(spec: dict, profile: str, keys, local_only: bool = False) -> N
 class _Runner:
     """The stage functions of one experiment and profile."""
 
-    def __init__(self, spec: dict, profile: str, results_root=None, data_dir=None, dry_run: bool = False):
+    def __init__(self, spec: dict, profile: str, results_root=None, data_dir=None, dry_run: bool = False,
+                 evaluate: tuple[dict, str] | None = None):
         self.spec, self.profile, self.data_dir, self.dry_run = spec, profile, data_dir, dry_run
         self.p = profile_spec(spec, profile)
+        self.evaluate, self.eval_suffix = evaluate or (self.p["evaluate"], "")  # see table_evaluate
         self.out = results_dir(profile, spec["experiment"], results_root)
         self.models_dir = self.out / "models"
         self._dense = {}
@@ -217,6 +235,9 @@ class _Runner:
             self._dense[key] = {"path": path, "weights_sha256": "<hashed at run time>"}
         if key not in self._dense:
             path = resolve_model_path(self.p["models"][key]["path"])
+            if self.profile == "tiny" and not Path(path).is_dir():  # else taken for a hub id, failing much later
+                raise PipelineError(f"model {key!r} of profile 'tiny': no checkpoint folder {path} (the tiny profile "
+                                    "runs local checkpoints; experiments/tiny_models/README.md trains them)")
             self._dense[key] = {"path": path, **{k: v for k, v in model_entry(path).items() if k != "path"}}
         return self._dense[key]
 
@@ -244,7 +265,7 @@ class _Runner:
         else:
             of = config_key(self.rft_config(cell) if rft else self.prune_config(cell))
         stage = "baseline" if cell.method == "baseline" else ("eval-post" if rft else "eval-pre")
-        return {**self._base(cell, stage), "rft": rft, "of": of, **self.p["evaluate"]}
+        return {**self._base(cell, stage), "rft": rft, "of": of, **self.evaluate}
 
     def model_dir(self, cell: Cell, stage: str, config: dict) -> Path:
         return self.models_dir / f"{cell.name}-{stage}-{config_key(config)}"
@@ -335,17 +356,18 @@ class _Runner:
 
 def _stage_jobs(runner: _Runner, keys, cells, rft_states, stages):
     """(stage, [(result name, config)], stage function) in the order they run."""
+    sfx = runner.eval_suffix
     if "baseline" in stages:
         base = [Cell(k, "baseline", 0.0) for k in keys]
-        yield "baseline", [(f"{c.name}-eval", runner.eval_config(c, False)) for c in base], runner.run_eval
+        yield "baseline", [(f"{c.name}-eval{sfx}", runner.eval_config(c, False)) for c in base], runner.run_eval
     if "prune" in stages:
         yield "prune", [(f"{c.name}-prune", runner.prune_config(c)) for c in cells], runner.run_prune
     if False in rft_states and "eval-pre" in stages:
-        yield "eval-pre", [(f"{c.name}-eval-pre", runner.eval_config(c, False)) for c in cells], runner.run_eval
+        yield "eval-pre", [(f"{c.name}-eval-pre{sfx}", runner.eval_config(c, False)) for c in cells], runner.run_eval
     if True in rft_states and "rft" in stages:
         yield "rft", [(f"{c.name}-rft", runner.rft_config(c)) for c in cells], runner.run_rft
     if True in rft_states and "eval-post" in stages:
-        yield "eval-post", [(f"{c.name}-eval-post", runner.eval_config(c, True)) for c in cells], runner.run_eval
+        yield "eval-post", [(f"{c.name}-eval-post{sfx}", runner.eval_config(c, True)) for c in cells], runner.run_eval
 
 
 def _require_hub_for(profile: str, what: str) -> None:
@@ -369,8 +391,9 @@ def plan_table(experiment: str | None, table: str, profile: str = "tiny", result
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile)
-    check_context(spec, profile, keys, local_only=True)
-    runner = _Runner(spec, profile, results_root, dry_run=True)
+    evaluate = table_evaluate(spec, table, profile)
+    check_context(spec, profile, keys, local_only=True, evaluate=evaluate[0])
+    runner = _Runner(spec, profile, results_root, dry_run=True, evaluate=evaluate)
     return {"experiment": spec["experiment"], "table": table, "profile": profile, "results_dir": str(runner.out),
             "models": {k: runner.dense(k)["path"] for k in keys}, "rft": list(rft_states),
             "stages": {stage: jobs for stage, jobs, _ in _stage_jobs(runner, keys, cells, rft_states, stages)}}
@@ -384,11 +407,12 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile)
     _require_hub_for(profile, f"make {table}")
-    check_context(spec, profile, keys)
+    evaluate = table_evaluate(spec, table, profile)
+    check_context(spec, profile, keys, evaluate=evaluate[0])
     import torch
 
     torch.manual_seed(0)
-    runner = _Runner(spec, profile, results_root, data_dir)
+    runner = _Runner(spec, profile, results_root, data_dir, evaluate=evaluate)
     paths = []
     for _, jobs, fn in _stage_jobs(runner, keys, cells, rft_states, stages):
         paths += run_sweep(jobs, fn, runner.out, on_result=_mirror(runner))
@@ -405,12 +429,15 @@ def _mirror(runner: _Runner):
 @dataclass(frozen=True)
 class Task:
     """One unit of work for a cluster job array: a model's dense baseline, or every stage of one cell that
-    the experiment's tables need. Its results are the same files, with the same config keys, as run_table's."""
+    the experiment's tables need. Its results are the same files, with the same config keys, as run_table's.
+    `evals`: the evaluation-name suffixes of the tables it serves (table_evaluate; "" for the profile's own
+    settings), each evaluated once on the same pruned and fine-tuned model."""
 
     name: str
     model: str
     cell: Cell | None  # None: the dense baseline
     rft_states: tuple[bool, ...] = (False,)
+    evals: tuple[str, ...] = ("",)
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -423,24 +450,38 @@ class Task:
     def result_names(self) -> list[str]:
         """Its result files' names (without .json), as run_table names them."""
         if self.cell is None:
-            return [f"{Cell(self.model, 'baseline', 0.0).name}-eval"]
-        return [f"{self.cell.name}-{stage}" for stage in self.stages]
+            return [f"{Cell(self.model, 'baseline', 0.0).name}-eval{sfx}" for sfx in self.evals]
+        return [f"{self.cell.name}-{stage}{sfx if stage.startswith('eval') else ''}"
+                for stage in self.stages for sfx in (self.evals if stage.startswith("eval") else ("",))]
+
+
+def _eval_variants(spec: dict, profile: str, tables) -> dict[str, tuple[dict, str]]:
+    """suffix -> (evaluate settings, suffix) over `tables` (table_evaluate)."""
+    out = {}
+    for table in tables:
+        settings, sfx = table_evaluate(spec, table, profile)
+        out.setdefault(sfx, (settings, sfx))
+    return out
 
 
 def plan_tasks(experiment: str, profile: str = "tiny", tables=None) -> list[Task]:
     """The tasks of `tables` (default: every table of the experiment) on `profile`: one per model for the
     dense baseline, then one per distinct cell (a cell shared by several tables is one task, with the union
-    of their RFT states), in table order."""
+    of their RFT states and evaluation settings), in table order."""
     spec = load_experiment(experiment)
     tables = list(tables or spec["tables"])
     models, cells = {}, {}
     for table in tables:
         keys, table_cells_, rft_states = table_cells(spec, table, profile)
-        models.update(dict.fromkeys(keys))
+        sfx = table_evaluate(spec, table, profile)[1]
+        for k in keys:
+            models.setdefault(k, {})[sfx] = None
         for c in table_cells_:
-            cells[c] = cells.get(c, set()) | set(rft_states)
-    return ([Task(f"{k}-baseline", k, None) for k in models]
-            + [Task(c.name, c.model, c, tuple(sorted(s))) for c, s in cells.items()])
+            states, evals = cells.setdefault(c, (set(), {}))
+            states.update(rft_states)
+            evals[sfx] = None
+    return ([Task(f"{k}-baseline", k, None, evals=tuple(e)) for k, e in models.items()]
+            + [Task(c.name, c.model, c, tuple(sorted(s)), tuple(e)) for c, (s, e) in cells.items()])
 
 
 def find_task(experiment: str, name: str, profile: str = "tiny", tables=None) -> Task:
@@ -456,21 +497,32 @@ def find_task(experiment: str, name: str, profile: str = "tiny", tables=None) ->
 
 def task_jobs(experiment: str, name: str, profile: str = "tiny", tables=None, stages=STAGES, results_root=None,
               data_dir=None):
-    """(runner, [(stage, [(result name, config)], stage function)]) of one task, restricted to `stages`."""
+    """(runner, [(stage, [(result name, config)], stage function)]) of one task, restricted to `stages`: the
+    model stages once, each evaluation once per evaluation setting of the task's tables."""
+    spec = load_experiment(experiment)
     task = find_task(experiment, name, profile, tables)
-    runner = _Runner(load_experiment(experiment), profile, results_root, data_dir)
+    variants = _eval_variants(spec, profile, list(tables or spec["tables"]))
     wanted = tuple(s for s in task.stages if s in stages)
-    if task.cell is None:
-        return runner, list(_stage_jobs(runner, [task.model], [], (False,), wanted))
-    return runner, list(_stage_jobs(runner, [], [task.cell], task.rft_states, wanted))
+    jobs, runner = [], None
+    for i, sfx in enumerate(task.evals):
+        runner = _Runner(spec, profile, results_root, data_dir, evaluate=variants[sfx])
+        here = wanted if i == 0 else tuple(s for s in wanted if s in ("baseline", "eval-pre", "eval-post"))
+        if task.cell is None:
+            jobs += list(_stage_jobs(runner, [task.model], [], (False,), here))
+        else:
+            jobs += list(_stage_jobs(runner, [], [task.cell], task.rft_states, here))
+    return runner, jobs
 
 
 def run_task(experiment: str, name: str, profile: str = "tiny", tables=None, stages=STAGES, results_root=None,
              data_dir=None) -> list[Path]:
     """Run what is missing of one task of plan_tasks (a job array element); return its result files."""
+    spec = load_experiment(experiment)
     task = find_task(experiment, name, profile, tables)
     _require_hub_for(profile, "run the task")
-    check_context(load_experiment(experiment), profile, [task.model])
+    variants = _eval_variants(spec, profile, list(tables or spec["tables"]))
+    for sfx in task.evals:
+        check_context(spec, profile, [task.model], evaluate=variants[sfx][0])
     import torch
 
     torch.manual_seed(0)
@@ -479,3 +531,14 @@ def run_task(experiment: str, name: str, profile: str = "tiny", tables=None, sta
     for _, stage_jobs, fn in jobs:
         paths += run_sweep(stage_jobs, fn, runner.out, on_result=_mirror(runner))
     return paths
+
+
+def collect(experiment: str, profile: str, results_root=None) -> list[dict]:
+    """Every result of the experiment on the profile (renderers read these)."""
+    folder = results_dir(profile, experiment, results_root)
+    return [read_result(p) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+
+
+def clean_models(experiment: str, profile: str, results_root=None) -> None:
+    """Remove the model artifacts (results stay; a rerun re-creates only what an unfinished stage needs)."""
+    shutil.rmtree(results_dir(profile, experiment, results_root) / "models", ignore_errors=True)

@@ -74,6 +74,9 @@ _QWEN_ARGS = ("query", "key", "value", "g", "beta")
 KERNEL_ROUTES: dict[str, tuple[str, dict[str, tuple[str, ...]], Callable[[dict], KernelInputs]]] = {
     "delta_net": ("fla.layers.delta_net",
                   {"chunk_delta_rule": _DELTA_ARGS, "fused_recurrent_delta_rule": _DELTA_ARGS}, _delta_capture),
+    "delta_net_shared_conv": ("fla.layers.delta_net",  # fla's DeltaNet layer with shared q/k conv filters
+                              {"chunk_delta_rule": _DELTA_ARGS, "fused_recurrent_delta_rule": _DELTA_ARGS},
+                              _delta_capture),
     "gated_deltanet": ("fla.layers.gated_deltanet",
                        {"chunk_gated_delta_rule": _GATED_ARGS, "fused_recurrent_gated_delta_rule": _GATED_ARGS},
                        _gated_capture),

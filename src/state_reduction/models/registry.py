@@ -37,6 +37,10 @@ FAMILIES: dict[str, ModelFamily] = {
     for f in (
         ModelFamily("deltanet", "delta_net", "fla.models.DeltaNetConfig", "fla.models.DeltaNetForCausalLM",
                     "fla DeltaNet (Schlag et al. 2021; Yang et al. 2024)"),
+        ModelFamily("deltanet_shared_conv", "delta_net_shared_conv",
+                    "state_reduction.models.shared_conv.SharedConvDeltaNetConfig",
+                    "state_reduction.models.shared_conv.SharedConvDeltaNetForCausalLM",
+                    "fla DeltaNet with q/k conv filters shared per head or across heads (appendix B.5, C.6.1)"),
         ModelFamily("gated_deltanet", "gated_deltanet", "fla.models.GatedDeltaNetConfig",
                     "fla.models.GatedDeltaNetForCausalLM", "fla Gated DeltaNet (Yang et al. 2025)"),
         ModelFamily("mamba2", "mamba2", "transformers.Mamba2Config", "transformers.Mamba2ForCausalLM",
@@ -63,6 +67,9 @@ def register_auto_classes() -> None:
     AutoConfig.register("mamba2", Mamba2Config, exist_ok=True)
     AutoModel.register(Mamba2Config, Mamba2Model, exist_ok=True)
     AutoModelForCausalLM.register(Mamba2Config, Mamba2ForCausalLM, exist_ok=True)
+    from state_reduction.models.shared_conv import register_shared_conv_auto_classes
+
+    register_shared_conv_auto_classes()
     _registered = True
 
 

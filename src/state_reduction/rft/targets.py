@@ -28,6 +28,8 @@ _FLA_CONV = {"q_conv1d": "fla ShortConvolution (depthwise conv returning (y, cac
 
 TARGETS: dict[str, RFTTargets] = {
     "delta_net": RFTTargets(lora=("q_proj", "k_proj", "v_proj"), extra_scope="model", unwrappable=_FLA_CONV),
+    "delta_net_shared_conv": RFTTargets(lora=("q_proj", "k_proj", "v_proj"), extra_scope="model",
+                                        unwrappable=_FLA_CONV),
     "gated_deltanet": RFTTargets(lora=("q_proj", "k_proj", "v_proj"), extra_scope="model", unwrappable=_FLA_CONV),
     # in_proj holds [z | x | B | C | dt]: x, B, C are Mamba-2's v, k, q (appendix C.3); it is the only projection.
     "mamba2": RFTTargets(lora=("in_proj",), extra_scope="model", unwrappable={

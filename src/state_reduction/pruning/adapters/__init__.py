@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import difflib
 
-from state_reduction.pruning.adapters.deltanet import DeltaNetAdapter
+from state_reduction.pruning.adapters.deltanet import DeltaNetAdapter, SharedConvDeltaNetAdapter
 from state_reduction.pruning.adapters.gated_deltanet import GatedDeltaNetAdapter
 from state_reduction.pruning.adapters.mamba2 import Mamba2Adapter
 from state_reduction.pruning.adapters.qwen3_5 import Qwen3_5Adapter
 from state_reduction.pruning.types import KeyChannelAdapter
 
 ADAPTERS: dict[str, KeyChannelAdapter] = {
-    a.model_type: a for a in (DeltaNetAdapter(), GatedDeltaNetAdapter(), Mamba2Adapter(), Qwen3_5Adapter())
+    a.model_type: a for a in (DeltaNetAdapter(), SharedConvDeltaNetAdapter(), GatedDeltaNetAdapter(), Mamba2Adapter(),
+                              Qwen3_5Adapter())
 }
 
 # model types that wrap a supported one, when the config does not say which (no text_config)
@@ -55,4 +56,5 @@ def get_adapter(model_or_config) -> KeyChannelAdapter:
     raise KeyError(f"no key-channel adapter for model_type {model_type!r}{hint} (supported: {', '.join(ADAPTERS)})")
 
 
-__all__ = ["ADAPTERS", "DeltaNetAdapter", "GatedDeltaNetAdapter", "Mamba2Adapter", "Qwen3_5Adapter", "get_adapter"]
+__all__ = ["ADAPTERS", "DeltaNetAdapter", "GatedDeltaNetAdapter", "Mamba2Adapter", "Qwen3_5Adapter",
+           "SharedConvDeltaNetAdapter", "get_adapter"]

@@ -100,11 +100,14 @@ class FlaKeyChannelAdapter(KeyChannelAdapter):
                 replace_linear_rows(proj, cut_rows(proj.weight, selection, h))
             if mixer.use_short_conv:
                 for name in (lay.q_conv, lay.k_conv):
-                    conv = getattr(mixer, name)
-                    bias = cut_rows(conv.bias, selection, h) if conv.bias is not None else None
-                    replace_conv_channels(conv, cut_rows(conv.weight, selection, h, squared=True), bias)
+                    self.cut_conv(getattr(mixer, name), selection, h)
         mixer.head_k_dim = selection.kept
         mixer.key_dim = h * selection.kept
+
+    def cut_conv(self, conv: nn.Module, selection: KeyChannelSelection, heads: int) -> None:
+        """Depthwise q/k conv: keep the selected channels' filters, or mix them with T**2 (Prop. B.1)."""
+        bias = cut_rows(conv.bias, selection, heads) if conv.bias is not None else None
+        replace_conv_channels(conv, cut_rows(conv.weight, selection, heads, squared=True), bias)
 
 
 class DeltaNetAdapter(FlaKeyChannelAdapter):
@@ -142,6 +145,25 @@ class DeltaNetAdapter(FlaKeyChannelAdapter):
         h, k = self.key_heads(config)
         v = round(config.hidden_size * config.expand_v) // config.num_heads
         return _n_linear_layers(config) * h * k * v * torch.empty((), dtype=dtype).element_size()
+
+
+class SharedConvDeltaNetAdapter(DeltaNetAdapter):
+    """DeltaNet whose q/k convs share filters per head or across heads (`state_reduction.models.shared_conv`).
+
+    Slicing channels removes nothing from a shared filter, and a rotation commutes with it (Lemma B.2): the
+    T**2-weighted average of identical filters is that filter, since each row of T has unit norm. Only the
+    number of channels the filter is expanded to changes. conv_sharing="none" keeps fla's depthwise rule."""
+
+    model_type = "delta_net_shared_conv"
+    family = "DeltaNet (shared conv)"
+
+    def cut_conv(self, conv: nn.Module, selection: KeyChannelSelection, heads: int) -> None:
+        from state_reduction.models.shared_conv import SharedShortConvolution
+
+        if isinstance(conv, SharedShortConvolution):
+            conv.set_channels(heads * selection.kept)
+        else:
+            super().cut_conv(conv, selection, heads)
 
 
 def _n_linear_layers(config) -> int:

@@ -1,0 +1,198 @@
+"""Render Tables 14 and 15 (appendix C.6: DeltaNet with and without shared q/k conv filters) from result JSON.
+
+Reads only result files (results/<profile>/pca_vs_shared_conv/*.json through state_reduction.pipeline.collect),
+the experiment's config.yaml and the paper's numbers (reference_data/table14.json, table15.json). Only results
+evaluated with the table's own settings count (Table 14 uses the zero-shot suite, Table 15 perplexity only; see
+pipeline.table_evaluate). Writes paper_tables/out/<profile>/<table>.{tex,md}, <table>_vs_paper.md and
+figures/<profile>/<table>.{png,pdf}. Missing runs are rendered as holes ("--") and listed.
+
+Table 14: one row per pretrained variant (×× no sharing, ×✓ one filter per head, ✓✓ one filter for all heads),
+Wiki and LAMBADA perplexity, the suite's accuracies and their mean. Table 15: Wiki perplexity before RFT of
+adversarial PCA, proper PCA and Grad at 75/50% on the non-shared and the per-head-shared model.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from lm_tables import (
+    ACCURACIES,
+    LMB,
+    METHOD_NAMES,
+    WIKI,
+    ZS,
+    Table,
+    _fmt,
+    _save,
+    comparison,
+    rank_marks,
+    reference_rows,
+    report,
+    to_latex,
+    to_markdown,
+    write_outputs,
+)
+from lm_tables import main as lm_tables_main
+
+from state_reduction.pipeline import collect, table_evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENT = "pca_vs_shared_conv"
+NAMES = {**METHOD_NAMES, "pca": "PCA (prop.)", "pca-adv": "PCA (adv.)"}
+# the paper's model names (experiment config `stands_for`) -> Table 14's "Shared Conv" marks (across heads, within)
+SHARING = {"DeltaNet 370M (no shared conv)": ("×", "×"), "DeltaNet 370M (conv shared within heads)": ("×", "✓"),
+           "DeltaNet 370M (conv shared within and across heads)": ("✓", "✓")}
+TABLE15_COLUMNS = ["DeltaNet 370M (no shared conv)", "DeltaNet 370M (conv shared within heads)"]
+
+
+class SharedConvTable(Table):
+    """lm_tables.Table of the pca_vs_shared_conv experiment, reading only results evaluated with the table's own
+    settings (the experiment's two tables evaluate the same dense models with different suites)."""
+
+    def __init__(self, table: str, profile: str, results_root=None):
+        super().__init__(EXPERIMENT, table, profile, results_root)
+        settings, suffix = table_evaluate(self.spec, table, profile)
+        self.suite = settings["suite"]
+        self.values = {}
+        for r in collect(EXPERIMENT, profile, results_root):
+            c = r["config"]
+            if r["kind"] == "evaluate" and all(c.get(k) == v for k, v in settings.items()):
+                self.values[(c["model"], c["method"], c["ratio"], c["rft"])] = r["metrics"]
+        self.missing = [f"{m}-baseline-r0-eval{suffix}" for m in self.models
+                        if (m, "baseline", 0.0, False) not in self.values]
+        self.missing += [f"{c.name}-eval-pre{suffix}" for c in self.cells
+                         if (c.model, c.method, c.ratio, False) not in self.values]
+
+    def key_of(self, paper_model: str) -> str | None:
+        return next((k for k in self.models if paper_model in self.p["models"][k]["stands_for"]), None)
+
+    def sharing(self, key: str) -> tuple[str, str]:
+        return SHARING[self.p["models"][key]["stands_for"][0]]
+
+
+def layout_table14(t: SharedConvTable):
+    """One row per variant; best bold, second underlined among the variants in each column."""
+    metrics = [WIKI, LMB] + [(k, h, False, 100.0) for k, h in ACCURACIES[t.suite]] + [(ZS[0], "Avg $\\uparrow$", False, 100.0)]
+    header = ["Model", "Shared Conv"] + [m[1] for m in metrics]
+    columns = [[t.get(k, "baseline", 0.0, False, m) for k in t.models] for m in metrics]
+    marks = [rank_marks(col, m[2]) for col, m in zip(columns, metrics)]
+    rows = []
+    for i, key in enumerate(t.models):
+        rows.append([t.model_label(key), "".join(t.sharing(key))] + [(col[i], mk[i]) for col, mk in zip(columns, marks)])
+    return header, rows
+
+
+def layout_table15(t: SharedConvTable):
+    """(ratio, method) rows as in the paper, then the dense 0% row; one column per model; best bold, second
+    underlined among the methods at a ratio."""
+    keys = [t.key_of(name) for name in TABLE15_COLUMNS]
+    labels = {TABLE15_COLUMNS[0]: "Non Shared", TABLE15_COLUMNS[1]: "Shared"}
+    header = ["Comp.", "Method"] + [f"{labels[n]} ({k})" if t.profile == "tiny" else labels[n]
+                                    for n, k in zip(TABLE15_COLUMNS, keys)]
+    rows = []
+    for ratio in t.ratios:
+        vals = {k: [t.get(k, m, ratio, False, WIKI) for m in t.methods] for k in keys}
+        marks = {k: rank_marks(v, True) for k, v in vals.items()}
+        for i, method in enumerate(t.methods):
+            rows.append([f"{round(ratio * 100)}%" if i == 0 else "", NAMES[method]]
+                        + [(vals[k][i], marks[k][i]) for k in keys])
+    rows.append(["0%", "--"] + [(t.get(k, "baseline", 0.0, False, WIKI), "") for k in keys])
+    return header, rows
+
+
+def claims_table15(t: SharedConvTable) -> list[str]:
+    """The paper's two claims (appendix C.6.2), ours and the paper's, cell by cell: proper PCA beats adversarial
+    PCA (only with shared filters, the paper says), and Grad beats proper PCA."""
+    paper = {(r["model"], r["method"], r["ratio"]): r["wiki_ppl"] for r in reference_rows(t.table)}
+    lines = ["| model | compr. | PCA prop. < PCA adv. (ours) | (paper) | Grad < PCA prop. (ours) | (paper) |",
+             "|---|---|---|---|---|---|"]
+
+    def verdict(a, b) -> str:
+        return "--" if a is None or b is None else f"{'yes' if a < b else 'no'} ({_fmt(a)} vs {_fmt(b)})"
+
+    for name in TABLE15_COLUMNS:
+        key = t.key_of(name)
+        for ratio in t.ratios:
+            ours = {m: t.get(key, m, ratio, False, WIKI) for m in ("pca", "pca-adv", "grad")}
+            pub = {m: paper.get((name, m, ratio)) for m in ("pca", "pca-adv", "grad")}
+            lines.append(f"| {name} ({key}) | {round(ratio * 100)}% | {verdict(ours['pca'], ours['pca-adv'])} | "
+                         f"{verdict(pub['pca'], pub['pca-adv'])} | {verdict(ours['grad'], ours['pca'])} | "
+                         f"{verdict(pub['grad'], pub['pca'])} |")
+    return lines
+
+
+def comparison_table15(t: SharedConvTable) -> str:
+    lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
+             ("WikiText-2 word perplexity before RFT (tiny profile: the `wiki` test split); paper values from "
+              "paper_tables/reference_data/table15.json. Tiny-profile models are ~2M-parameter stand-ins on offline "
+              "data: compare orderings, not magnitudes."), "",
+             "| paper model | ours | method | compr. | Wiki ours | Wiki paper |", "|---|---|---|---|---|---|"]
+    for r in reference_rows(t.table):
+        key = t.key_of(r["model"])
+        if key is None:
+            continue
+        lines.append(f"| {r['model']} | {key} | {NAMES[r['method']]} | {round(r['ratio'] * 100)}% | "
+                     f"{_fmt(t.get(key, r['method'], r['ratio'], False, WIKI))} | {_fmt(r['wiki_ppl'])} |")
+    return "\n".join(lines + ["", "## The paper's claims (appendix C.6.2), cell by cell", ""] + claims_table15(t)) + "\n"
+
+
+def plot(t: SharedConvTable, stem: Path) -> list[Path]:
+    """Table 14: Wiki perplexity per variant. Table 15: Wiki perplexity (log) per method and ratio, one panel per
+    model, the dense model dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if t.table == "table14":
+        fig, ax = plt.subplots(figsize=(4.8, 3.4))
+        vals = [t.get(k, "baseline", 0.0, False, WIKI) for k in t.models]
+        ax.bar(range(len(t.models)), [v if v is not None else math.nan for v in vals], color="tab:gray")
+        ax.set_xticks(range(len(t.models)), ["".join(t.sharing(k)) for k in t.models])
+        ax.set_xlabel("shared conv (across heads, within a head)")
+        ax.set_ylabel("Wiki word perplexity")
+    else:
+        keys = [t.key_of(n) for n in TABLE15_COLUMNS]
+        fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.6), squeeze=False, sharey=True)
+        width = 0.8 / max(1, len(t.methods))
+        for ax, key in zip(axes[0], keys):
+            for j, method in enumerate(t.methods):
+                ys = [t.get(key, method, r, False, WIKI) for r in t.ratios]
+                ax.bar([i + (j - (len(t.methods) - 1) / 2) * width for i in range(len(t.ratios))],
+                       [y if y is not None else math.nan for y in ys], width, label=NAMES[method])
+            base = t.get(key, "baseline", 0.0, False, WIKI)
+            if base is not None:
+                ax.axhline(base, color="k", ls="--", lw=1, label="dense")
+            ax.set_xticks(range(len(t.ratios)), [f"{round(r * 100)}%" for r in t.ratios])
+            ax.set_yscale("log")
+            ax.set_title(key, fontsize=9)
+            ax.set_ylabel("Wiki word perplexity")
+            ax.legend(fontsize=7)
+    fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite)", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, stem, plt)
+
+
+LAYOUTS = {"table14": layout_table14, "table15": layout_table15}
+
+
+def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
+           out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False) -> dict:
+    if experiment not in (None, EXPERIMENT):
+        raise ValueError(f"{table} is rendered from experiment {EXPERIMENT!r}, not {experiment!r}")
+    t = SharedConvTable(table, profile, results_root)
+    header, rows = LAYOUTS[table](t)
+    md = to_markdown(header, rows)
+    vs_paper = comparison(t) if table == "table14" else comparison_table15(t)
+    tex = to_latex(t, header, rows).replace("paper_tables/lm_tables.py", "paper_tables/shared_conv_tables.py")
+    written = write_outputs(table, profile, out_root, tex, md, vs_paper)
+    written["figures"] = plot(t, (figures_root or ROOT / "figures") / profile / table)
+    if not quiet:
+        report(written, md, t.missing)
+    written["missing"] = t.missing
+    return written
+
+
+def main(table: str, argv=None) -> int:
+    return lm_tables_main(table, argv, render_fn=render, experiment_help=f"default: {EXPERIMENT}")
