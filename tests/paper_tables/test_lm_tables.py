@@ -99,3 +99,34 @@ def test_table_scripts_run_from_the_command_line(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main.__module__ == "lm_tables"
+
+
+def test_a_table_reads_only_results_of_its_own_evaluation_settings(tmp_path):
+    """Table 12 (qwen3_5) evaluates with the long-context suite, Table 13 with the profile's: each reads its own
+    results of the same cells, never the other's."""
+    results = tmp_path / "results"
+
+    def put_q(method, ratio, rft, suite, **values):
+        stage = "baseline" if method == "baseline" else ("eval-post" if rft else "eval-pre")
+        config = {"experiment": "qwen3_5", "stage": stage, "model": "qwen3_5", "method": method, "ratio": ratio,
+                  "rft": rft, "suite": suite, "max_length": 512 if suite == "tiny_longctx" else 256}
+        name = f"qwen3_5-{method}-r{round(ratio * 100)}-{stage}-{suite}"
+        write_result(results / "tiny" / "qwen3_5" / f"{name}.json",
+                     build_result("evaluate", profile="tiny", experiment="qwen3_5", config=config, metrics=values,
+                                  wall_time_s=1.0))
+
+    longctx = {"ruler_256_acc": 0.31, "ruler_512_acc": 0.27, "niah_256_acc": 0.4, "niah_512_acc": 0.2}
+    put_q("baseline", 0.0, False, "tiny_longctx", **longctx)
+    put_q("drrqr", 0.5, True, "tiny_longctx", **{k: v / 2 for k, v in longctx.items()})
+    put_q("baseline", 0.0, False, "tiny", **metrics(100.0))
+    put_q("drrqr", 0.5, False, "tiny", **metrics(150.0))
+    out = lm_tables.render("table12", "tiny", results_root=results, out_root=tmp_path / "out",
+                           figures_root=tmp_path / "figures", quiet=True)
+    rows = tex_rows(out["tex"])
+    assert rows[0][2:] == ["RULER 256 $\\uparrow$", "RULER 512 $\\uparrow$", "NIAH 256 $\\uparrow$", "NIAH 512 $\\uparrow$"]
+    assert [r[2] for r in rows[1:]] == ["31.0", "15.5"] and not out["missing"]
+    vs_paper = out["vs_paper"].read_text()
+    assert "| 31.0 | 94.7 |" in vs_paper  # RULER at the training length beside the paper's RULER 2K
+    t13 = lm_tables.render("table13", "tiny", results_root=results, out_root=tmp_path / "out",
+                           figures_root=tmp_path / "figures", quiet=True)
+    assert "31.0" not in t13["md"].read_text() and "150.0" in t13["md"].read_text()
