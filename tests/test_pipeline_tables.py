@@ -158,11 +158,11 @@ def test_table9_marks_best_and_second_among_three_methods_per_ratio(tmp_path):
 
 def test_table12_names_the_columns_no_result_has(tmp_path):
     results = tmp_path / "results"
-    put(results, "qwen3_5", "qwen3_5", "baseline", 0.0, False, wiki_word_perplexity=50.0, ruler_2k_acc=0.9)
-    put(results, "qwen3_5", "qwen3_5", "drrqr", 0.5, True, wiki_word_perplexity=55.0, ruler_2k_acc=0.8)
+    put(results, "qwen3_5", "qwen3_5", "baseline", 0.0, False, ruler_256_acc=0.9)
+    put(results, "qwen3_5", "qwen3_5", "drrqr", 0.5, True, ruler_256_acc=0.8)
     out = lm_tables.render("table12", "tiny", results_root=results, out_root=tmp_path / "out",
                            figures_root=tmp_path / "figures", quiet=True)
     rows = tex_rows(out["tex"])
     assert [r[1] for r in rows[1:]] == ["Baseline", "DRRQR 50\\%"]
-    assert rows[1][2] == "90.0" and rows[2][2] == "80.0" and rows[2][3:] == ["--"] * 5
-    assert out["missing"] == [] and len(out["empty_columns"]) == 5 and "RULER 2K $\\uparrow$" not in out["empty_columns"]
+    assert rows[1][2] == "90.0" and rows[2][2] == "80.0" and rows[2][3:] == ["--"] * 3
+    assert out["missing"] == [] and len(out["empty_columns"]) == 3 and "RULER 256 $\\uparrow$" not in out["empty_columns"]

@@ -430,14 +430,17 @@ def _mirror(runner: _Runner):
 class Task:
     """One unit of work for a cluster job array: a model's dense baseline, or every stage of one cell that
     the experiment's tables need. Its results are the same files, with the same config keys, as run_table's.
-    `evals`: the evaluation-name suffixes of the tables it serves (table_evaluate; "" for the profile's own
-    settings), each evaluated once on the same pruned and fine-tuned model."""
+    `evals`: the evaluations its tables need, as (evaluation-name suffix, RFT state) pairs (table_evaluate; suffix
+    "" for the profile's own settings), all on the same pruned and fine-tuned model."""
 
     name: str
     model: str
     cell: Cell | None  # None: the dense baseline
-    rft_states: tuple[bool, ...] = (False,)
-    evals: tuple[str, ...] = ("",)
+    evals: tuple[tuple[str, bool], ...] = (("", False),)
+
+    @property
+    def rft_states(self) -> tuple[bool, ...]:
+        return tuple(sorted({rft for _, rft in self.evals}))
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -450,9 +453,9 @@ class Task:
     def result_names(self) -> list[str]:
         """Its result files' names (without .json), as run_table names them."""
         if self.cell is None:
-            return [f"{Cell(self.model, 'baseline', 0.0).name}-eval{sfx}" for sfx in self.evals]
-        return [f"{self.cell.name}-{stage}{sfx if stage.startswith('eval') else ''}"
-                for stage in self.stages for sfx in (self.evals if stage.startswith("eval") else ("",))]
+            return [f"{Cell(self.model, 'baseline', 0.0).name}-eval{sfx}" for sfx in dict(self.evals)]
+        names = [f"{self.cell.name}-prune"] + ([f"{self.cell.name}-rft"] if True in self.rft_states else [])
+        return names + [f"{self.cell.name}-eval-{'post' if rft else 'pre'}{sfx}" for sfx, rft in self.evals]
 
 
 def _eval_variants(spec: dict, profile: str, tables) -> dict[str, tuple[dict, str]]:
@@ -466,8 +469,8 @@ def _eval_variants(spec: dict, profile: str, tables) -> dict[str, tuple[dict, st
 
 def plan_tasks(experiment: str, profile: str = "tiny", tables=None) -> list[Task]:
     """The tasks of `tables` (default: every table of the experiment) on `profile`: one per model for the
-    dense baseline, then one per distinct cell (a cell shared by several tables is one task, with the union
-    of their RFT states and evaluation settings), in table order."""
+    dense baseline, then one per distinct cell (a cell shared by several tables is one task, with the
+    evaluations each of them needs), in table order."""
     spec = load_experiment(experiment)
     tables = list(tables or spec["tables"])
     models, cells = {}, {}
@@ -475,13 +478,11 @@ def plan_tasks(experiment: str, profile: str = "tiny", tables=None) -> list[Task
         keys, table_cells_, rft_states = table_cells(spec, table, profile)
         sfx = table_evaluate(spec, table, profile)[1]
         for k in keys:
-            models.setdefault(k, {})[sfx] = None
+            models.setdefault(k, {})[(sfx, False)] = None
         for c in table_cells_:
-            states, evals = cells.setdefault(c, (set(), {}))
-            states.update(rft_states)
-            evals[sfx] = None
-    return ([Task(f"{k}-baseline", k, None, evals=tuple(e)) for k, e in models.items()]
-            + [Task(c.name, c.model, c, tuple(sorted(s)), tuple(e)) for c, (s, e) in cells.items()])
+            cells.setdefault(c, {}).update(dict.fromkeys((sfx, rft) for rft in rft_states))
+    return ([Task(f"{k}-baseline", k, None, tuple(e)) for k, e in models.items()]
+            + [Task(c.name, c.model, c, tuple(e)) for c, e in cells.items()])
 
 
 def find_task(experiment: str, name: str, profile: str = "tiny", tables=None) -> Task:
@@ -503,14 +504,19 @@ def task_jobs(experiment: str, name: str, profile: str = "tiny", tables=None, st
     task = find_task(experiment, name, profile, tables)
     variants = _eval_variants(spec, profile, list(tables or spec["tables"]))
     wanted = tuple(s for s in task.stages if s in stages)
-    jobs, runner = [], None
-    for i, sfx in enumerate(task.evals):
+    jobs, runner, model_stages_done = [], None, False
+    for sfx in dict(task.evals):
         runner = _Runner(spec, profile, results_root, data_dir, evaluate=variants[sfx])
-        here = wanted if i == 0 else tuple(s for s in wanted if s in ("baseline", "eval-pre", "eval-post"))
+        states = tuple(sorted({rft for s, rft in task.evals if s == sfx}))
+        here = tuple(s for s in wanted if s in ("baseline", "eval-pre", "eval-post")
+                     or not model_stages_done)  # prune and RFT once, before the first evaluation
         if task.cell is None:
             jobs += list(_stage_jobs(runner, [task.model], [], (False,), here))
         else:
-            jobs += list(_stage_jobs(runner, [], [task.cell], task.rft_states, here))
+            jobs += list(_stage_jobs(runner, [], [task.cell], states, here))
+            if "rft" in here and True not in states and True in task.rft_states:  # RFT for a later evaluation
+                jobs += list(_stage_jobs(runner, [], [task.cell], (True,), ("rft",)))
+        model_stages_done = True
     return runner, jobs
 
 
