@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "experiments" / "tiny_models"
 CHECKPOINTS = TINY / "checkpoints"
 FAMILIES = {"deltanet": "delta_net", "gated_deltanet": "gated_deltanet", "mamba2": "mamba2", "qwen3_5": "qwen3_5_text",
-            "deltanet_shared_head": "delta_net_shared_conv"}
+            "deltanet_shared_head": "delta_net_shared_conv",
+            "deltanet_shared_all": "delta_net_shared_conv"}
 
 
 @pytest.fixture(scope="module")
