@@ -20,7 +20,9 @@ from state_reduction.training.pretrain import EVAL_CORPORA, pretrain_unigram_cou
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "experiments" / "tiny_models"
 CHECKPOINTS = TINY / "checkpoints"
-FAMILIES = {"deltanet": "delta_net", "gated_deltanet": "gated_deltanet", "mamba2": "mamba2", "qwen3_5": "qwen3_5_text"}
+FAMILIES = {"deltanet": "delta_net", "gated_deltanet": "gated_deltanet", "mamba2": "mamba2", "qwen3_5": "qwen3_5_text",
+            "deltanet_shared_head": "delta_net_shared_conv",
+            "deltanet_shared_all": "delta_net_shared_conv"}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def unigram_counts(tokenizer):
 
 def test_checkpoints_fit_the_size_budget():
     total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
-    assert total <= 40 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 40 MiB"
+    assert total <= 56 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 56 MiB"  # six models of ~8.5 MiB
 
 
 def test_tokenizer_is_byte_level_bpe_of_about_8k(tokenizer):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import difflib
 
-from state_reduction.pruning.adapters.deltanet import DeltaNetAdapter, SharedConvDeltaNetAdapter
+from state_reduction.pruning.adapters.deltanet import (
+    DeltaNetAdapter,
+    SharedConvDeltaNetAdapter,
+)
 from state_reduction.pruning.adapters.gated_deltanet import GatedDeltaNetAdapter
 from state_reduction.pruning.adapters.mamba2 import Mamba2Adapter
 from state_reduction.pruning.adapters.qwen3_5 import Qwen3_5Adapter
