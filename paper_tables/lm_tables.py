@@ -302,6 +302,19 @@ def reference_rows(table: str) -> list[dict]:
     return json.loads(path.read_text())["rows"] if path.exists() else []
 
 
+def _short(metric) -> str:
+    """A comparison column's name: the label's first word, with the context length for long context."""
+    if metric in LONG_CONTEXT + TINY_LONG_CONTEXT:
+        return metric[1].split(" $")[0]
+    return metric[1].split(" ")[0]
+
+
+def _paper_metric(metric):
+    """The paper's column that `metric` is compared with (e.g. tiny RULER 256 with the paper's RULER 2K)."""
+    key = PAPER_KEYS.get(metric[0], metric[0])
+    return next((m for m in LONG_CONTEXT if m[0] == key), metric)
+
+
 def comparison(t: Table) -> str:
     """Our value beside the paper's for every published row whose model our profile stands in for."""
     ref = reference_rows(t.table)
@@ -314,7 +327,7 @@ def comparison(t: Table) -> str:
              ("Paper values are the published ones (paper_tables/reference_data). Tiny-profile models are ~2M-"
               "parameter stand-ins on offline data and a different task suite: compare orderings, not magnitudes."), "",
              "| paper model | ours | method | compr. | RFT | " + " | ".join(
-                 f"{m[1].split(' ')[0]} ours | {m[1].split(' ')[0]} paper" for m in metrics) + " |",
+                 f"{_short(m)} ours | {_short(_paper_metric(m))} paper" for m in metrics) + " |",
              "|" + "---|" * (5 + 2 * len(metrics))]
     seen = set()
     for row in ref:
