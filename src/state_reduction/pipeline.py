@@ -527,7 +527,7 @@ def run_task(experiment: str, name: str, profile: str = "tiny", tables=None, sta
     task = find_task(experiment, name, profile, tables)
     _require_hub_for(profile, "run the task")
     variants = _eval_variants(spec, profile, list(tables or spec["tables"]))
-    for sfx in task.evals:
+    for sfx in dict(task.evals):
         check_context(spec, profile, [task.model], evaluate=variants[sfx][0])
     import torch
 
