@@ -10,7 +10,6 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 import state_reduction  # noqa: F401
-from state_reduction.backend import install_cpu_backend
 from state_reduction.cli import build_parser, main
 from state_reduction.models import build_model
 from state_reduction.pruning.adapters import get_adapter
@@ -22,13 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTS = ROOT / "experiments" / "tiny_models" / "checkpoints"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    install_cpu_backend()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("family", ["deltanet", "gated_deltanet", "mamba2", "qwen3_5"])

@@ -11,7 +11,6 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 import state_reduction  # noqa: F401
-from state_reduction.backend import install_cpu_backend
 from state_reduction.pruning.adapters import get_adapter
 from state_reduction.pruning.calibration import calibrate
 from state_reduction.pruning.selectors import MODES, SELECTORS, select
@@ -22,13 +21,7 @@ FAMILIES = ["deltanet", "gated_deltanet", "mamba2", "qwen3_5"]
 FIELDS = ("gram_q", "gram_k", "sum_q", "sum_k", "sum_qq", "sum_kk", "input_sq", "saliency_q", "saliency_k")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    install_cpu_backend()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _load(family):
