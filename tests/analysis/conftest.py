@@ -1,13 +1,6 @@
 import pytest
-import torch
-
-from state_reduction.backend import install_cpu_backend
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    install_cpu_backend()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread_in_every_module(one_thread):  # tests/conftest.py
     yield
-    torch.set_num_threads(threads)

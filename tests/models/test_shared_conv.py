@@ -12,7 +12,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import state_reduction  # noqa: F401  (registers the families)
-from state_reduction.backend import install_cpu_backend
 from state_reduction.models import build_model
 from state_reduction.models.shared_conv import (
     SharedConvDeltaNetConfig,
@@ -31,13 +30,7 @@ CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "num_heads": HEADS, "expand
 N_FILTERS = {"head": HEADS, "all": 1}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cpu_backend():
-    install_cpu_backend()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny(sharing: str, seed: int = 0, dtype=torch.float64, **overrides):

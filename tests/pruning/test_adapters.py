@@ -19,7 +19,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import state_reduction  # noqa: F401  (registers the families)
-from state_reduction.backend import install_cpu_backend
 from state_reduction.models import build_model
 from state_reduction.pruning.adapters import ADAPTERS, get_adapter
 from state_reduction.pruning.adapters.gated_deltanet import expand_v_for
@@ -55,14 +54,7 @@ CACHE_KWARG = {"deltanet": "past_key_values", "gated_deltanet": "past_key_values
 ATOL = {"deltanet": 1e-10, "gated_deltanet": 1e-10, "mamba2": 1e-5, "qwen3_5": 1e-5}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cpu_backend():
-    """Tiny models run fastest on one thread; several threads on a shared CPU make this module ~10x slower."""
-    install_cpu_backend()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny(family: str, seed: int = 0, **overrides):
