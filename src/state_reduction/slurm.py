@@ -26,6 +26,7 @@ import traceback
 from pathlib import Path
 
 from state_reduction.pipeline import (
+    STAGES,
     PipelineError,
     find_task,
     load_experiment,
@@ -96,7 +97,7 @@ def render_script(experiment: str, profile: str, tables=None) -> str:
     name = experiment_name(experiment)
     lines = [f"#SBATCH --gpus-per-node={res['gpus']}"] if res["gpus"] else []
     lines += [f"#SBATCH {extra}" for extra in res["sbatch"]]
-    stages = sorted({s for t in tasks for s in t.stages}, key=["baseline", "prune", "eval-pre", "rft", "eval-post"].index)
+    stages = sorted({s for t in tasks for s in t.stages}, key=STAGES.index)
     values = {
         "title": f"{name}, {profile} profile" + (f", tables {' '.join(tables)}" if tables else ", every table"),
         "experiment_arg": _rel(Path(experiment)) if str(experiment).endswith((".yaml", ".yml")) else experiment,
@@ -141,7 +142,7 @@ def _write_status(folder: Path, **fields) -> None:
 def run_task_main(experiment: str, task: str, profile: str, tables=None, stages=None, results_root=None,
                   data_dir=None) -> int:
     """One array element: record the script, configs and status in the run folder, then run the task."""
-    from state_reduction.pipeline import STAGES, run_task
+    from state_reduction.pipeline import run_task
 
     find_task(experiment, task, profile, tables)  # an unknown name stops here, before any folder is made
     stages = tuple(stages or STAGES)
@@ -333,8 +334,6 @@ def _cmd(args) -> int:
 
 
 def register(subparsers) -> None:
-    from state_reduction.pipeline import STAGES
-
     p = subparsers.add_parser("slurm", help="Slurm job arrays of an experiment's sweep: generate, submit, status")
     sub = p.add_subparsers(dest="slurm_command", required=True)
     for name, help_ in (("generate", "write slurm/<experiment>-<profile>.sbatch"),

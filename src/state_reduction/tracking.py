@@ -97,8 +97,9 @@ def run_identity(path: Path, record: dict) -> dict:
     stage = c.get("stage") or record.get("kind", "result")
     tags = [f"experiment:{record.get('experiment')}", f"profile:{record.get('profile')}", f"stage:{stage}",
             f"kind:{record.get('kind')}"]
-    if _family(record):
-        tags.append(f"family:{_family(record)}")
+    family = _family(record)
+    if family:
+        tags.append(f"family:{family}")
     if "model" in c:
         tags.append(f"model:{c['model']}")
     if "method" in c:
