@@ -1,35 +1,146 @@
-"""Writing checkpoints so that an interrupted save leaves nothing half-written."""
+"""Checkpoints in and out: saving publishes a complete folder (atomic.publish_folder); loading checks the
+files, the config and every weight before a model is used, and says in one line which file is damaged."""
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
-import tempfile
+import struct
 from collections.abc import Callable
 from pathlib import Path
+
+from state_reduction.atomic import publish_folder
+from state_reduction.errors import InputError
+
+RECREATE = "re-create it (rerun what wrote it with --overwrite) or restore the folder from a good copy"
 
 
 def save_model_atomic(model, tokenizer, out_dir: str | os.PathLike, overwrite: bool = False,
                       write_extra: Callable[[Path], None] | None = None) -> Path:
-    """save_pretrained (safetensors) into a temporary sibling directory, then rename it to `out_dir`.
-
-    `write_extra(tmp_dir)` adds files (a selection or training record) before the rename, so they land
-    together with the weights. An existing `out_dir` is refused unless `overwrite`."""
-    out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    """save_pretrained (safetensors) and the tokenizer into a temporary sibling folder, published as `out_dir`
+    (an existing one is kept until the new one is complete). `write_extra(tmp_dir)` adds files (a selection or
+    training record) so they land together with the weights. An existing `out_dir` is refused unless
+    `overwrite`."""
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if write_extra is not None:
             write_extra(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    return publish_folder(out_dir, fill, overwrite=overwrite)
+
+
+def is_local_path(path: str) -> bool:
+    """A path meant as a folder on disk rather than a hub id (`org/name`)."""
+    return Path(path).exists() or str(path).startswith((".", "/", "~")) or str(path).count("/") > 1
+
+
+def check_safetensors(file: Path) -> list[str]:
+    """The tensor names of a safetensors file whose header parses and whose data offsets fit the file."""
+    size = file.stat().st_size
+    try:
+        with open(file, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > size - 8:
+                raise ValueError(f"header length {n} exceeds the file ({size} bytes)")
+            header = json.loads(f.read(n))
+        end = 0
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            begin, stop = entry["data_offsets"]
+            end = max(end, stop)
+        if 8 + n + end > size:
+            raise ValueError(f"the tensors need {8 + n + end} bytes, the file has {size} (truncated)")
+    except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise InputError(f"weights file {file} is damaged: {e}", hint=RECREATE) from None
+    return [k for k in header if k != "__metadata__"]
+
+
+def check_checkpoint_files(path: str | os.PathLike, what: str = "model") -> Path:
+    """A local checkpoint folder: it exists, its config.json is a JSON object with a model_type, and every
+    *.safetensors file is whole."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise InputError(f"{what} {path} does not exist" if not folder.exists() else f"{what} {path} is not a folder",
+                         hint="pass a checkpoint folder (config.json, *.safetensors, tokenizer files)")
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        raise InputError(f"{what} {path} has no config.json; not a checkpoint folder",
+                         hint="pass the folder that `prune`, `rft` or `pretrain` wrote")
+    try:
+        config = json.loads(cfg.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"{what} {cfg} is not valid JSON ({e})", hint=RECREATE) from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise InputError(f"{what} {cfg} has no model_type", hint=RECREATE)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files and not list(folder.glob("*.bin")):
+        raise InputError(f"{what} {path} holds no *.safetensors weights", hint=RECREATE)
+    for f in files:
+        check_safetensors(f)
+    return folder
+
+
+def check_finite(model, path: str | os.PathLike, what: str = "model") -> None:
+    """Every floating parameter and buffer is finite; the first that is not is named."""
+    import torch
+
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise InputError(f"{what} {path}: tensor {name} {tuple(t.shape)} has {bad} non-finite values (NaN/inf)",
+                             hint=RECREATE)
+
+
+# What transformers raises for a config with a missing field, a wrong type or weights of other shapes.
+LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, AssertionError)
+
+
+def load_config(path: str, what: str = "model"):
+    from transformers import AutoConfig
+
+    import state_reduction  # noqa: F401  (Auto-class registration)
+
+    if is_local_path(path):
+        check_checkpoint_files(path, what)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except LOAD_ERRORS as e:
+        raise InputError(f"cannot read the config of {what} {path}: {type(e).__name__}: {_first_line(e)}",
+                         hint=RECREATE if is_local_path(path) else "check the hub id and your network") from None
+
+
+def load_model(path: str, what: str = "model", **kwargs):
+    """AutoModelForCausalLM.from_pretrained with the checks above and a finite-weights check."""
+    from transformers import AutoModelForCausalLM
+
+    import state_reduction  # noqa: F401  (Auto-class registration)
+
+    load_config(path, what)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except LOAD_ERRORS as e:
+        raise InputError(f"cannot load {what} {path}: {type(e).__name__}: {_first_line(e)}",
+                         hint=RECREATE if is_local_path(path) else "check the hub id and your network") from None
+    check_finite(model, path, what)
+    return model
+
+
+def load_tokenizer(path: str, what: str = "model"):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except LOAD_ERRORS as e:
+        present = sorted(p.name for p in Path(path).glob("tokenizer*")) if Path(path).is_dir() else []
+        raise InputError(f"cannot load the tokenizer of {what} {path} (tokenizer files there: "
+                         f"{', '.join(present) or 'none'}): {type(e).__name__}: {_first_line(e)}",
+                         hint="copy tokenizer.json and tokenizer_config.json of the model it came from into the "
+                              "folder") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return " ".join(text.splitlines()[0].split()) if text else ""

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from state_reduction.options import length_int, positive_int
 from state_reduction.provenance import REPO_ROOT, TINY_CHECKPOINTS, TINY_MODELS_DIR
 
 # Subcommands defined next to their code: each module has register(subparsers), which adds its parsers
@@ -57,21 +58,29 @@ def _cmd_pretrain(args) -> int:
 
 
 def _cmd_prune(args) -> int:
+    from state_reduction.checkpoints import check_checkpoint_files
     from state_reduction.pruning.prune import PruneConfig, prune, prune_result
     from state_reduction.results import write_result
 
-    record = prune(PruneConfig(
+    cfg = PruneConfig(
         model=args.model, method=args.method, ratio=args.ratio, out=args.out, select=args.select,
         calib=args.calib, n_calib=args.n_calib, seq_len=args.seq_len, seed=args.seed,
-        batch_size=args.batch_size, multiple=args.multiple, power_of_two=args.power_of_two, overwrite=args.overwrite, data_dir=args.data_dir,
-        stream_layers=args.stream_layers, device=args.device))
+        batch_size=args.batch_size, multiple=args.multiple, power_of_two=args.power_of_two, overwrite=args.overwrite,
+        data_dir=args.data_dir, stream_layers=args.stream_layers, device=args.device)
+    cfg.validate()
+    if args.profile == "tiny":  # the tiny profile reads local checkpoints only; a missing one is no hub id
+        check_checkpoint_files(args.model)
+
+    def write_prune_result(folder: Path, record: dict) -> None:  # inside the folder, published with it
+        write_result(folder / "prune_result.json", prune_result(record, folder, profile=args.profile,
+                                                                experiment=args.experiment, published_as=args.out))
+
+    record = prune(cfg, write_extra=write_prune_result)
     sb = record["state_bytes_per_sequence"]
     print(f"{record['model_type']}: {args.method} ({args.select}) kept {record['key_dim_after']}/{record['key_dim_before']} "
           f"channels per head; state {sb['before']} -> {sb['after']} bytes/sequence; {args.out} "
           f"({record['wall_time_s']} s)")
-    result = Path(args.out) / "prune_result.json"
-    write_result(result, prune_result(record, args.out, profile=args.profile, experiment=args.experiment))
-    print(f"result: {result}")
+    print(f"result: {Path(args.out) / 'prune_result.json'}")
     return 0
 
 
@@ -79,12 +88,13 @@ def _cmd_evaluate(args) -> int:
     from state_reduction.backend import install_cpu_backend
     from state_reduction.evaluation import evaluate, load_causal_lm
     from state_reduction.evaluation.run import HUB_SUITES, _suite_table
-    from state_reduction.results import build_result, measure, model_entry, write_result
+    from state_reduction.results import build_result, check_result_path, measure, model_entry, write_result
 
     _suite_table(args.suite)  # an unknown suite fails before the model loads
+    check_result_path(args.out)  # and an output that cannot be written
     install_cpu_backend()
     with measure() as m:
-        model, tokenizer = load_causal_lm(args.model, args.device)
+        model, tokenizer = load_causal_lm(args.model, args.device, max_length=args.max_length)
         result = evaluate(model, tokenizer, suite=args.suite, batch_size=args.batch_size,
                           max_length=args.max_length, limit=args.limit, data_dir=args.data_dir)
     config = {"model": args.model, "suite": args.suite, "batch_size": args.batch_size,
@@ -121,6 +131,13 @@ def _cmd_run_table(args) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line naming the option, exit 2 (as every other expected failure)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def _limit(text: str) -> int | float:
     """lm-eval's --limit: a count of examples per task, or a fraction when below 1."""
     value = float(text)
@@ -130,7 +147,7 @@ def _limit(text: str) -> int | float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="state-reduction",
+    p = OneLineParser(prog="state-reduction",
                                 description="state-reduction: post-training state reduction in linear attention models")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -141,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train-tokenizer", help="train the tiny profile's byte-level BPE tokenizer")
     t.add_argument("--corpora", nargs="+", default=["ptb", "wiki", "books", "bible"])
-    t.add_argument("--vocab-size", type=int, default=8192)
+    t.add_argument("--vocab-size", type=positive_int, default=8192)
     t.add_argument("--out", default=str(TINY_MODELS_DIR / "tokenizer"))
     t.add_argument("--data-dir", default=None)
     t.set_defaults(func=_cmd_train_tokenizer)
@@ -151,8 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tokenizer", default=str(TINY_MODELS_DIR / "tokenizer"))
     r.add_argument("--out-root", default=str(TINY_CHECKPOINTS))
     r.add_argument("--run-root", default=str(REPO_ROOT / "runs" / "tiny_models"))
-    r.add_argument("--steps", type=int, default=None, help="override the config's number of steps")
-    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--steps", type=positive_int, default=None, help="override the config's number of steps")
+    r.add_argument("--threads", type=positive_int, default=None)
     r.add_argument("--device", default="cpu")
     r.add_argument("--data-dir", default=None)
     r.add_argument("--no-resume", action="store_true", help="start over even if a run state exists")
@@ -164,11 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--ratio", type=float, required=True, help="fraction of key channels removed, in [0, 1)")
     pr.add_argument("--select", default="kq", help="coupled selection: kq (default), k or q (Table 16)")
     pr.add_argument("--calib", default="ptb", help="calibration corpus (its calibration stream)")
-    pr.add_argument("--n-calib", type=int, default=32, help="calibration sequences")
-    pr.add_argument("--seq-len", type=int, default=256)
+    pr.add_argument("--n-calib", type=positive_int, default=32, help="calibration sequences")
+    pr.add_argument("--seq-len", type=length_int, default=256)
     pr.add_argument("--seed", type=int, default=0)
-    pr.add_argument("--batch-size", type=int, default=8)
-    pr.add_argument("--multiple", type=int, default=None, help="round kept channels down to a multiple (kernels)")
+    pr.add_argument("--batch-size", type=positive_int, default=8)
+    pr.add_argument("--multiple", type=positive_int, default=None, help="round kept channels down to a multiple (kernels)")
     pr.add_argument("--power-of-two", action="store_true",
                     help="round kept channels down to a power of two (fla pads K to one on GPU)")
     pr.add_argument("--stream-layers", action="store_true",
@@ -186,8 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--suite", default="tiny", help="tiny or paper")
     ev.add_argument("--out", required=True, help="result JSON")
     ev.add_argument("--experiment", default="evaluate", help="experiment name recorded in the result")
-    ev.add_argument("--batch-size", type=int, default=16)
-    ev.add_argument("--max-length", type=int, default=256)
+    ev.add_argument("--batch-size", type=positive_int, default=16)
+    ev.add_argument("--max-length", type=length_int, default=256)
     ev.add_argument("--limit", type=_limit, default=None, help="examples per task (int) or fraction (<1)")
     ev.add_argument("--device", default="cpu")
     ev.add_argument("--data-dir", default=None)
@@ -210,17 +227,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from state_reduction.data import CorpusError
-    from state_reduction.evaluation import EvaluationError
-    from state_reduction.pipeline import PipelineError
-    from state_reduction.results import ResultsError
+    """Expected failures (errors.Error: bad input, damaged file, unwritable output) print one line and return 2;
+    anything else is a bug and propagates with its traceback (exit 1)."""
+    import warnings
+
+    from state_reduction.errors import Error
 
     args = build_parser().parse_args(argv)
+    where = f"state-reduction {args.command}"
+    show = warnings.showwarning
+    warnings.showwarning = lambda message, category, *rest, **kw: print(
+        f"{where}: warning: {' '.join(str(message).split())}", file=sys.stderr)
     try:
         return args.func(args)
-    except (CorpusError, EvaluationError, PipelineError, ResultsError, FileExistsError, FileNotFoundError, KeyError, NotImplementedError, ValueError) as e:
-        print(f"state-reduction {args.command}: error: {e}", file=sys.stderr)
+    except Error as e:
+        print(f"{where}: error: {e.one_line()}", file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = show
 
 
 if __name__ == "__main__":

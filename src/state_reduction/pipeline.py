@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from state_reduction.errors import Error
 from state_reduction.provenance import REPO_ROOT
 from state_reduction.results import (
     build_result,
@@ -37,7 +38,7 @@ EXPERIMENTS_DIR = REPO_ROOT / "experiments"
 STAGES = ("baseline", "prune", "eval-pre", "rft", "eval-post")
 
 
-class PipelineError(ValueError):
+class PipelineError(Error, ValueError):
     """An experiment, table or profile cannot be run as asked; the message says which and why."""
 
 

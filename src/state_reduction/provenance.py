@@ -1,8 +1,7 @@
-"""Where a result came from: code revision, package versions, hardware; and atomic JSON writes."""
+"""Where a result came from: code revision, package versions, hardware."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
@@ -50,12 +49,3 @@ def collect_provenance() -> dict:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         },
     }
-
-
-def write_json_atomic(path: str | Path, obj) -> None:
-    """Write to a temporary sibling, then rename: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)

@@ -34,7 +34,9 @@ from pathlib import Path
 
 import torch
 
-from state_reduction.provenance import REPO_ROOT, collect_provenance, write_json_atomic
+from state_reduction.errors import Error, InputError, MissingInputError
+from state_reduction.atomic import check_output, remove_stale, write_json_atomic
+from state_reduction.provenance import REPO_ROOT, collect_provenance
 
 SCHEMA = "state-reduction/result"
 SCHEMA_VERSION = 1
@@ -44,13 +46,13 @@ REQUIRED = ("schema", "schema_version", "kind", "profile", "experiment", "config
             "model", "data", "seeds", "wall_time_s", "peak_memory", "provenance", "created")
 
 
-class ResultsError(RuntimeError):
+class ResultsError(Error, RuntimeError):
     """A result file is malformed or of another schema; the message names the path."""
 
 
 def results_dir(profile: str, experiment: str, root: str | Path | None = None) -> Path:
     if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+        raise InputError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     return Path(root or REPO_ROOT / "results") / profile / experiment
 
 
@@ -63,7 +65,7 @@ def weights_sha256(model_dir: str | Path) -> str:
     model_dir = Path(model_dir)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+        raise MissingInputError(f"no *.safetensors weights in {model_dir}")
     h = hashlib.sha256()
     for f in files:
         with open(f, "rb") as fh:
@@ -98,9 +100,9 @@ def build_result(kind: str, *, profile: str, experiment: str, config: dict, metr
                  model: dict | None = None, data: dict | None = None, seeds: dict | None = None,
                  wall_time_s: float, extra: dict | None = None) -> dict:
     if kind not in KINDS:
-        raise ValueError(f"result kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        raise InputError(f"result kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+        raise InputError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": kind, "profile": profile,
         "experiment": experiment, "config": config, "config_key": config_key(config), "metrics": metrics,
@@ -128,9 +130,31 @@ def read_result(path: str | Path) -> dict:
     path = Path(path)
     try:
         record = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ResultsError(f"{path}: not valid JSON ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{path}: not valid JSON ({e})",
+                           hint="delete it (a rerun redoes that run) or restore it from a good copy") from None
     return validate(record, path)
+
+
+def check_result_path(path: str | Path, option: str = "--out") -> Path:
+    """Before compute: a result can be written at `path` (atomic.check_output; an existing file is replaced only
+    if it is a result of this schema version, as write_result does)."""
+    path = check_output(path, directory=False, overwrite=True, option=option)
+    if path.exists():
+        _check_replaceable(path)
+    return path
+
+
+def _check_replaceable(path: Path) -> None:
+    try:
+        old = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ResultsError(f"{path}: exists and is not a result file; refusing to overwrite it",
+                           hint="move it away or choose another path") from None
+    if not isinstance(old, dict) or old.get("schema") != SCHEMA or old.get("schema_version") != SCHEMA_VERSION:
+        found = old.get("schema_version") if isinstance(old, dict) else None
+        raise ResultsError(f"{path}: exists with another schema or version ({found!r}, expected "
+                           f"{SCHEMA_VERSION}); refusing to overwrite it", hint="move it away or choose another path")
 
 
 def write_result(path: str | Path, record: dict) -> Path:
@@ -138,14 +162,7 @@ def write_result(path: str | Path, record: dict) -> Path:
     path = Path(path)
     validate(record, path)
     if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ResultsError(f"{path}: exists and is not a result file; refusing to overwrite it") from None
-        if not isinstance(old, dict) or old.get("schema") != SCHEMA or old.get("schema_version") != SCHEMA_VERSION:
-            found = old.get("schema_version") if isinstance(old, dict) else None
-            raise ResultsError(f"{path}: exists with another schema or version ({found!r}, expected "
-                               f"{SCHEMA_VERSION}); refusing to overwrite it")
+        _check_replaceable(path)
     write_json_atomic(path, record)
     return path
 
@@ -169,20 +186,6 @@ def finished(path: str | Path, key: str) -> bool:
     return read_result(path)["config_key"] == key
 
 
-def _remove_stale_temporaries(out_dir: Path) -> None:
-    """Delete `.NAME.PID.tmp` files (write_json_atomic) left by processes that no longer exist."""
-    import os
-
-    for tmp in out_dir.glob(".*.tmp") if out_dir.is_dir() else ():
-        try:
-            pid = int(tmp.name.rsplit(".", 2)[-2])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            tmp.unlink(missing_ok=True)
-        except (ValueError, PermissionError):
-            continue
-
-
 def run_sweep(cells: Iterable[tuple[str, dict]], run: Callable[[str, dict], dict], out_dir: str | Path,
               progress: bool = True, on_result: Callable[[Path, dict], None] | None = None) -> list[Path]:
     """Run each (name, config) cell whose result `out_dir/name.json` is missing or has another config key.
@@ -199,9 +202,11 @@ def run_sweep(cells: Iterable[tuple[str, dict]], run: Callable[[str, dict], dict
     names = [n for n, _ in cells]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"sweep cell names must be unique; repeated: {', '.join(dup)}")
+        raise InputError(f"sweep cell names must be unique; repeated: {', '.join(dup)}")
     out_dir = Path(out_dir)
-    _remove_stale_temporaries(out_dir)
+    remove_stale(out_dir)
+    if out_dir.is_dir():
+        remove_stale(out_dir / "models")
     paths, todo = [], []
     for name, config in cells:
         path = out_dir / f"{name}.json"

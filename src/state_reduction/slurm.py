@@ -25,6 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
+from state_reduction.errors import Error
 from state_reduction.pipeline import (
     STAGES,
     PipelineError,
@@ -34,7 +35,8 @@ from state_reduction.pipeline import (
     profile_spec,
     task_jobs,
 )
-from state_reduction.provenance import REPO_ROOT, write_json_atomic
+from state_reduction.atomic import write_json_atomic
+from state_reduction.provenance import REPO_ROOT
 from state_reduction.results import config_key, read_result, results_dir
 
 TEMPLATE = REPO_ROOT / "slurm" / "template.sbatch"
@@ -47,7 +49,7 @@ RESOURCES = {
 RESOURCE_KEYS = set(RESOURCES["tiny"])
 
 
-class SlurmError(RuntimeError):
+class SlurmError(Error, RuntimeError):
     """Slurm is missing or refused a request; the message says what to do instead."""
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from state_reduction.errors import MissingInputError
+
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 
@@ -45,5 +47,5 @@ def tokenizer_hash(path: str | Path) -> str:
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     path = Path(path)
     if not (path / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"no tokenizer.json in {path}; train one with `make tokenizer`")
+        raise MissingInputError(f"no tokenizer.json in {path}; train one with `make tokenizer`")
     return AutoTokenizer.from_pretrained(str(path))

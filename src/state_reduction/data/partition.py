@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from typing import Mapping
 
+from state_reduction.errors import InputError
+
 
 def stable_hash(*parts: str) -> int:
     """A 64-bit hash that, unlike `hash()`, is the same in every process and on every machine."""
@@ -35,7 +37,7 @@ def partition_groups(
     """
     total = sum(sizes.values())
     if total <= 0:
-        raise ValueError(f"nothing to partition (salt {salt!r})")
+        raise InputError(f"nothing to partition (salt {salt!r})")
     assignment: dict[str, str] = {}
     seen = 0
     for group in sorted(sizes, key=lambda g: (stable_hash(salt, g), g)):
@@ -43,7 +45,7 @@ def partition_groups(
         seen += sizes[group]
     empty = [p for p in fractions if p not in assignment.values()]
     if empty:
-        raise ValueError(
+        raise InputError(
             f"partition {salt!r} of {len(sizes)} groups leaves {empty} empty; "
             f"fractions {dict(fractions)}"
         )

@@ -11,11 +11,13 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal
 
+from state_reduction.errors import Error, InputError
+
 Profile = Literal["tiny", "paper"]
 SPLITS = ("train", "validation", "test")
 
 
-class CorpusError(RuntimeError):
+class CorpusError(Error, RuntimeError):
     """A corpus could not be fetched, verified or loaded. The message names the source and hash."""
 
 
@@ -88,7 +90,7 @@ def register_corpus(info: CorpusInfo) -> Callable[[Callable], Callable]:
 
     def wrap(build: Callable) -> Callable:
         if info.name in _REGISTRY:
-            raise ValueError(f"corpus {info.name!r} is registered twice")
+            raise InputError(f"corpus {info.name!r} is registered twice")
         _REGISTRY[info.name] = CorpusEntry(info, build)
         return build
 
@@ -114,5 +116,5 @@ def get_corpus_info(name: str) -> CorpusInfo:
 
 def list_corpora(profile: Profile | None = None) -> list[CorpusInfo]:
     if profile not in (None, "tiny", "paper"):
-        raise ValueError(f"unknown profile {profile!r}; accepted: 'tiny', 'paper' or None")
+        raise InputError(f"unknown profile {profile!r}; accepted: 'tiny', 'paper' or None")
     return [e.info for e in _REGISTRY.values() if profile is None or e.info.profile == profile]

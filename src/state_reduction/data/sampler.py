@@ -17,8 +17,6 @@ import hashlib
 import inspect
 import io
 import json
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
@@ -27,6 +25,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from state_reduction.errors import InputError
+from state_reduction.atomic import write_bytes_atomic
 from state_reduction.data.corpora import load_corpus, tiny_documents
 from state_reduction.data.fetch import resolve_data_dir
 from state_reduction.data.partition import bucket, partition_groups, unit_interval
@@ -74,7 +74,7 @@ def _batch_encoder(tokenizer) -> Callable[[list[str]], list[list[int]]]:
 def _eos_id(tokenizer) -> int:
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
-        raise ValueError(
+        raise InputError(
             f"tokenizer {type(tokenizer).__name__} has no eos_token_id; the sampler separates "
             "documents with it"
         )
@@ -98,19 +98,19 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 def _resolve_split(corpus: str, stream: str, split: str | None) -> str:
     if stream not in STREAMS:
-        raise ValueError(
+        raise InputError(
             f"unknown stream {stream!r} for corpus {corpus!r}; accepted: {', '.join(STREAMS)}"
         )
     if stream == "evaluation":
         split = split or "validation"
         if split not in ("validation", "test"):
-            raise ValueError(
+            raise InputError(
                 f"stream 'evaluation' of corpus {corpus!r} reads 'validation' or 'test', "
                 f"not {split!r}"
             )
         return split
     if split not in (None, "train"):
-        raise ValueError(
+        raise InputError(
             f"stream {stream!r} of corpus {corpus!r} is a pool of the train split; split must be "
             f"None or 'train', not {split!r}"
         )
@@ -157,11 +157,7 @@ def _cached_split_tokens(
     cache_dir.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     np.savez(buffer, tokens=tokens, offsets=offsets)
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(buffer.getvalue())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, buffer.getvalue())
     return tokens, offsets
 
 
@@ -252,7 +248,7 @@ def stream_tokens(
     info = get_corpus_info(corpus)
     if info.streaming:
         if budget is None:
-            raise ValueError(f"corpus {corpus!r} is streamed; stream_tokens needs a token budget")
+            raise InputError(f"corpus {corpus!r} is streamed; stream_tokens needs a token budget")
         return _streamed_tokens(tokenizer, corpus, stream, split, budget, seed)
     return _materialised_stream_tokens(tokenizer, corpus, stream, split, data_dir)
 
@@ -273,13 +269,13 @@ def sample_sequences(
     window may span the EOS between two documents of its stream (packed sequences).
     """
     if n <= 0 or seq_len <= 0:
-        raise ValueError(f"n and seq_len must be positive, got n={n}, seq_len={seq_len}")
+        raise InputError(f"n and seq_len must be positive, got n={n}, seq_len={seq_len}")
     split = _resolve_split(corpus, stream, split)
     budget = STREAMING_OVERSAMPLE * n * seq_len
     tokens = stream_tokens(tokenizer, corpus, stream, split, data_dir, budget=budget, seed=seed)
     available = len(tokens) // seq_len
     if available < n:
-        raise ValueError(
+        raise InputError(
             f"stream {stream!r} of corpus {corpus!r} (split {split!r}) has {len(tokens)} tokens, "
             f"{available} windows of seq_len={seq_len}; asked for n={n} ({n * seq_len} tokens)"
         )

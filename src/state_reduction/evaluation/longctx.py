@@ -25,16 +25,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from state_reduction.errors import Error, InputError
+from state_reduction.atomic import write_json_atomic
 from state_reduction.data import get_corpus_info, load_corpus, resolve_data_dir
 from state_reduction.evaluation.tiny_suite import (
     SPLIT,
     _file_sha256,
+    _located,
     _paragraphs,
     _write_jsonl,
 )
@@ -62,7 +64,7 @@ _WORD_POOL_TEXT = (
 WORD_POOL = tuple(_WORD_POOL_TEXT.split())
 
 
-class ContextLengthError(ValueError):
+class ContextLengthError(Error, ValueError):
     """A requested context length exceeds what the model or tokenizer supports; the message names both."""
 
 
@@ -98,13 +100,50 @@ def context_limits(config, tokenizer=None, model_dir=None) -> list[tuple[int, st
     n = getattr(config, "max_position_embeddings", None)
     if n and _uses_positions(config):
         limits.append((int(n), "config max_position_embeddings (the model encodes positions)"))
-    record = Path(model_dir) / "training_record.json" if model_dir else None
-    if record is not None and record.is_file():
-        seq_len = json.loads(record.read_text()).get("config", {}).get("seq_len")
-        if seq_len:
-            limits.append((MAX_EXTRAPOLATION * int(seq_len),
-                           f"{MAX_EXTRAPOLATION} x the training length {seq_len} (training_record.json)"))
+    trained = training_length(model_dir)
+    if trained is not None:
+        seq_len, source = trained
+        limits.append((MAX_EXTRAPOLATION * seq_len, f"{MAX_EXTRAPOLATION} x the training length {seq_len} ({source})"))
     return limits
+
+
+def training_length(model_dir) -> tuple[int, str] | None:
+    """(sequence length the model was pretrained at, the file that says so): the folder's training_record.json,
+    else that of the model it was made from (a pruned folder's selection.json names its dense model, an RFT
+    model's rft_config.json its student); None when no record is found."""
+    folder = Path(model_dir) if model_dir else None
+    for _ in range(4):
+        if folder is None or not folder.is_dir():
+            return None
+        try:
+            if (folder / "training_record.json").is_file():
+                seq_len = json.loads((folder / "training_record.json").read_text()).get("config", {}).get("seq_len")
+                return (int(seq_len), str(folder / "training_record.json")) if seq_len else None
+            if (folder / "selection.json").is_file():
+                folder = Path(json.loads((folder / "selection.json").read_text())["config"]["model"])
+            elif (folder / "rft_config.json").is_file():
+                folder = Path(json.loads((folder / "rft_config.json").read_text())["student"])
+            else:
+                return None
+        except (ValueError, KeyError, TypeError, OSError):
+            return None
+    return None
+
+
+def check_length_option(length: int, option: str, config, tokenizer=None, model_dir=None, name=None) -> None:
+    """Before compute: `option` (a context length in tokens) within the model's and tokenizer's limits
+    (context_limits) or a ContextLengthError naming both; beyond the training length only a warning."""
+    import warnings
+
+    name = name or model_dir or getattr(config, "model_type", "model")
+    for limit, source in context_limits(config, tokenizer, model_dir):
+        if length > limit:
+            raise ContextLengthError(f"{option} {length} exceeds the limit {limit} of model {name} ({source})",
+                                     hint=f"use {option} <= {limit}")
+    trained = training_length(model_dir)
+    if trained is not None and length > trained[0]:
+        warnings.warn(f"{option} {length} is beyond the training length {trained[0]} of model {name} "
+                      f"({trained[1]}); the model extrapolates", stacklevel=2)
 
 
 def check_context_length(length: int, config, tokenizer=None, model_dir=None, name: str | None = None,
@@ -146,7 +185,7 @@ def single_token_words(tokenizer) -> list[str]:
     """WORD_POOL words that are one token with a leading space (so each choice is one token), in pool order."""
     words = [w for w in dict.fromkeys(WORD_POOL) if len(tokenizer(" " + w, add_special_tokens=False).input_ids) == 1]
     if len(words) < 2 * N_KV_NEEDLES + N_CHOICES:
-        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has only {len(words)} of the "
+        raise InputError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has only {len(words)} of the "
                          f"{len(WORD_POOL)} pool words as single tokens; the suite needs {2 * N_KV_NEEDLES + N_CHOICES}")
     return words
 
@@ -272,7 +311,7 @@ def build_longctx_suite(tokenizer, data_dir=None, force: bool = False) -> dict:
     corpus_sha = {c: get_corpus_info(c).sha256 for c in CORPORA}
     tok_sha = tokenizer_sha256(tokenizer)
     if manifest_path.is_file() and not force:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = _located(json.loads(manifest_path.read_text()), out)
         if (manifest.get("build_version") == BUILD_VERSION and manifest.get("corpora") == corpus_sha
                 and manifest.get("tokenizer_sha256") == tok_sha and set(manifest.get("tasks", {})) == set(TASKS)
                 and all(Path(t["data_file"]).is_file() and _file_sha256(Path(t["data_file"])) == t["sha256"]
@@ -286,12 +325,10 @@ def build_longctx_suite(tokenizer, data_dir=None, force: bool = False) -> dict:
         # One generator per task, seeded by its name: changing one task never reshuffles another.
         rows = make[task.family](builder, task.length, random.Random(f"{SEED}:{name}"))
         path = out / f"{name}.jsonl"
-        tasks[name] = {"data_file": str(path.resolve()), "sha256": _write_jsonl(path, rows), "n_examples": len(rows),
+        tasks[name] = {"data_file": path.name, "sha256": _write_jsonl(path, rows), "n_examples": len(rows),
                        "template": f"tiny_{task.family}", "length": task.length, "corpora": list(CORPORA),
                        "split": SPLIT}
     manifest = {"suite": "tiny_longctx", "build_version": BUILD_VERSION, "seed": SEED, "corpora": corpus_sha,
                 "tokenizer_sha256": tok_sha, "tasks": tasks}
-    tmp = manifest_path.with_name(f".manifest.json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, manifest_path)
-    return manifest
+    write_json_atomic(manifest_path, manifest)
+    return _located(manifest, out)

@@ -11,13 +11,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from state_reduction.errors import Error
 from state_reduction.evaluation.longctx import LENGTHS as LONGCTX_LENGTHS
 from state_reduction.evaluation.longctx import TASKS as LONGCTX_TASKS
 from state_reduction.evaluation.longctx import build_longctx_suite, check_context_length
 from state_reduction.evaluation.tiny_suite import build_tiny_suite, render_task_yamls
 
 
-class EvaluationError(RuntimeError):
+class EvaluationError(Error, RuntimeError):
     """A suite could not be run; the message names the suite and what is missing."""
 
 
@@ -125,25 +126,25 @@ def _with_means(metrics: dict, means: dict) -> dict:
     return {**metrics, **{key: sum(metrics[k] for k in parts) / len(parts) for key, parts in means.items()}}
 
 
-def load_causal_lm(path: str, device: str = "cpu"):
-    """(model, tokenizer) from a local checkpoint or a hub id, with errors that name the path: a local path
-    that does not exist or has no config.json, or a model that is not a causal language model."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def load_causal_lm(path: str, device: str = "cpu", max_length: int | None = None):
+    """(model, tokenizer) from a local checkpoint or a hub id (checkpoints.load_model: files, config and finite
+    weights checked, errors name the file); a model that is not a causal language model is refused, and
+    `max_length` is checked against the model's limits before the weights load."""
+    from transformers import AutoModelForCausalLM
 
-    import state_reduction  # noqa: F401  (Auto-class registration)
+    from state_reduction.checkpoints import load_config, load_model, load_tokenizer
+    from state_reduction.evaluation.longctx import check_length_option
 
-    local = Path(path)
-    if local.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1:
-        if not local.is_dir():
-            raise EvaluationError(f"model path {path} does not exist")
-        if not (local / "config.json").is_file():
-            raise EvaluationError(f"model path {path} has no config.json; not a checkpoint directory")
-    config = AutoConfig.from_pretrained(path)
+    config = load_config(path)
     if type(config) not in AutoModelForCausalLM._model_mapping:
         raise EvaluationError(f"model {path} (model_type {config.model_type!r}) is not a causal language model")
-    model = AutoModelForCausalLM.from_pretrained(path).to(device)
+    tokenizer = load_tokenizer(path)
+    if max_length is not None:
+        check_length_option(max_length, "--max-length", config, tokenizer,
+                            model_dir=path if Path(path).is_dir() else None, name=path)
+    model = load_model(path).to(device)
     model.eval()
-    return model, AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
 
 
 def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_length: int = 256,
@@ -158,6 +159,9 @@ def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_le
     tests and smoke runs only.
     """
     table = _suite_table(suite)
+    for option, value, least in (("batch_size", batch_size, 1), ("max_length", max_length, 2)):
+        if not isinstance(value, int) or value < least:
+            raise EvaluationError(f"evaluate: {option} must be an integer >= {least}, got {value!r}")
     if suite in SUITE_CONTEXT:
         path = getattr(model, "name_or_path", None)
         check_context_length(SUITE_CONTEXT[suite], model.config, tokenizer, name=path, max_length=max_length,

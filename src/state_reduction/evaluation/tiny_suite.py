@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 from dataclasses import dataclass
@@ -27,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from state_reduction.errors import InputError
+from state_reduction.atomic import write_bytes_atomic, write_json_atomic
 from state_reduction.data import get_corpus_info, load_corpus, resolve_data_dir
 
 BUILD_VERSION = 1
@@ -198,10 +199,16 @@ def _ppl_rows(docs: list[tuple[str, str]]) -> list[dict]:
 
 def _write_jsonl(path: Path, rows: list[dict]) -> str:
     data = "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows).encode("utf-8")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, data)
     return hashlib.sha256(data).hexdigest()
+
+
+def _located(manifest: dict, folder: Path) -> dict:
+    """The manifest with each task's data file as a path in `folder`: the file on disk names files relative to
+    its own folder, so a copied or moved data directory reads its own files."""
+    tasks = {name: {**t, "data_file": str((folder / Path(t["data_file"]).name).resolve())}
+             for name, t in manifest.get("tasks", {}).items()}
+    return {**manifest, "tasks": tasks}
 
 
 def suite_dir(data_dir=None) -> Path:
@@ -223,7 +230,7 @@ def build_tiny_suite(data_dir=None, force: bool = False) -> dict:
     corpora = sorted({c for task in TASKS.values() for c in task.corpora})
     corpus_sha = {c: get_corpus_info(c).sha256 for c in corpora}
     if manifest_path.is_file() and not force:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = _located(json.loads(manifest_path.read_text()), out)
         if (manifest.get("build_version") == BUILD_VERSION and manifest.get("corpora") == corpus_sha
                 and set(manifest.get("tasks", {})) == set(TASKS)
                 and all(Path(t["data_file"]).is_file() and _file_sha256(Path(t["data_file"])) == t["sha256"]
@@ -244,14 +251,12 @@ def build_tiny_suite(data_dir=None, force: bool = False) -> dict:
     tasks = {}
     for name, task in TASKS.items():
         path = out / f"{name}.jsonl"
-        tasks[name] = {"data_file": str(path.resolve()), "sha256": _write_jsonl(path, rows[name]),
+        tasks[name] = {"data_file": path.name, "sha256": _write_jsonl(path, rows[name]),
                        "n_examples": len(rows[name]), "corpora": list(task.corpora), "split": SPLIT,
                        "description": task.description}
     manifest = {"suite": "tiny", "build_version": BUILD_VERSION, "seed": SEED, "corpora": corpus_sha, "tasks": tasks}
-    tmp = manifest_path.with_name(f".manifest.json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, manifest_path)
-    return manifest
+    write_json_atomic(manifest_path, manifest)
+    return _located(manifest, out)
 
 
 def render_task_yamls(manifest: dict, out_dir: str | Path) -> Path:
@@ -263,11 +268,11 @@ def render_task_yamls(manifest: dict, out_dir: str | Path) -> Path:
         path = TEMPLATE_DIR / f"{task.get('template', name)}.yaml"
         template = path.read_text()
         if DATA_FILE_PLACEHOLDER not in template:
-            raise ValueError(f"task template {path} has no {DATA_FILE_PLACEHOLDER}")
+            raise InputError(f"task template {path} has no {DATA_FILE_PLACEHOLDER}")
         # json.dumps quotes the path as a YAML string whatever characters it holds.
         text = template.replace(f'"{DATA_FILE_PLACEHOLDER}"', json.dumps(task["data_file"]))
         (out_dir / f"{name}.yaml").write_text(text.replace(f'"{TASK_PLACEHOLDER}"', json.dumps(name)))
         config = yaml.safe_load((out_dir / f"{name}.yaml").read_text())
         if config["task"] != name or config["dataset_kwargs"]["data_files"]["test"] != task["data_file"]:
-            raise ValueError(f"rendered task {name}: unexpected task name or data file in {out_dir / name}.yaml")
+            raise InputError(f"rendered task {name}: unexpected task name or data file in {out_dir / name}.yaml")
     return out_dir

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from state_reduction.errors import UnknownNameError
+
 
 @dataclass(frozen=True)
 class ModelFamily:
@@ -78,7 +80,7 @@ def get_family(name: str) -> ModelFamily:
         return FAMILIES[name]
     close = difflib.get_close_matches(name, list(FAMILIES), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise KeyError(f"unknown model family {name!r}{hint} (known: {', '.join(FAMILIES)})")
+    raise UnknownNameError(f"unknown model family {name!r}{hint} (known: {', '.join(FAMILIES)})")
 
 
 def build_config(family: str, **kwargs) -> PretrainedConfig:

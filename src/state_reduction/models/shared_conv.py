@@ -23,6 +23,8 @@ import warnings
 import torch
 from torch import nn
 
+from state_reduction.errors import InputError
+
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
     from fla.models import DeltaNetConfig, DeltaNetForCausalLM
@@ -38,10 +40,10 @@ class SharedShortConvolution(ShortConvolution):
     def __init__(self, hidden_size: int, kernel_size: int, n_filters: int, activation: str | None = "silu",
                  **kwargs) -> None:
         if kwargs.get("bias"):
-            raise ValueError("SharedShortConvolution: conv_bias=True would give each channel its own bias and break "
+            raise InputError("SharedShortConvolution: conv_bias=True would give each channel its own bias and break "
                              "the rotation equivariance of the shared filter; use conv_bias=False.")
         if n_filters < 1 or hidden_size % n_filters:
-            raise ValueError(f"SharedShortConvolution: n_filters={n_filters} must divide hidden_size={hidden_size}.")
+            raise InputError(f"SharedShortConvolution: n_filters={n_filters} must divide hidden_size={hidden_size}.")
         super().__init__(hidden_size=hidden_size, kernel_size=kernel_size, bias=False, activation=activation, **kwargs)
         del self._parameters["weight"]
         self.n_filters = n_filters
@@ -59,7 +61,7 @@ class SharedShortConvolution(ShortConvolution):
     def set_channels(self, channels: int) -> None:
         """Keep the filters, change the number of channels they are expanded to (pruning key channels)."""
         if channels % self.n_filters:
-            raise ValueError(f"SharedShortConvolution: {channels} channels do not split over {self.n_filters} filters.")
+            raise InputError(f"SharedShortConvolution: {channels} channels do not split over {self.n_filters} filters.")
         self.hidden_size = self.in_channels = self.out_channels = self.groups = channels
 
     def extra_repr(self) -> str:
@@ -71,7 +73,7 @@ class SharedConvDeltaNetConfig(DeltaNetConfig):
 
     def __init__(self, conv_sharing: str = "head", **kwargs) -> None:
         if conv_sharing not in CONV_SHARING:
-            raise ValueError(f"SharedConvDeltaNetConfig: conv_sharing={conv_sharing!r}; accepted: {', '.join(CONV_SHARING)}.")
+            raise InputError(f"SharedConvDeltaNetConfig: conv_sharing={conv_sharing!r}; accepted: {', '.join(CONV_SHARING)}.")
         self.conv_sharing = conv_sharing
         super().__init__(**kwargs)
 
@@ -91,7 +93,7 @@ class SharedConvDeltaNetForCausalLM(DeltaNetForCausalLM):
         if n_filters is None:
             return
         if not config.use_short_conv:
-            raise ValueError(f"SharedConvDeltaNetConfig: conv_sharing={config.conv_sharing!r} needs use_short_conv=True.")
+            raise InputError(f"SharedConvDeltaNetConfig: conv_sharing={config.conv_sharing!r} needs use_short_conv=True.")
         from fla.layers.delta_net import DeltaNet
 
         for layer in self.model.layers:

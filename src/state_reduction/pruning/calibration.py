@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from state_reduction.errors import InputError
 from state_reduction.pruning.types import KeyChannelAdapter, LayerCalibration
 
 NEEDS_GRADIENTS = frozenset({"grad"})
@@ -45,7 +46,7 @@ def _rows_of(mixer, view: torch.Tensor, where: str) -> tuple[torch.nn.Parameter,
             rows = view.shape[0] * view.shape[1]
             if p.is_contiguous() and view.shape[2] == width and start % width == 0 and view.is_contiguous():
                 return p, slice(start // width, start // width + rows)
-    raise ValueError(f"calibration: the q/k weights of {where} are not a block of rows of one 2-D parameter")
+    raise InputError(f"calibration: the q/k weights of {where} are not a block of rows of one 2-D parameter")
 
 
 class QKGradients:
@@ -108,7 +109,7 @@ def calibrate(model, adapter: KeyChannelAdapter, windows: torch.Tensor, batch_si
     |W * sum of gradients| of each q/k row is summed over its inputs (the authors' Grad score)."""
     mixers = list(adapter.mixers(model))
     if not mixers:
-        raise ValueError(f"calibration: no reducible mixers found in {type(model).__name__}")
+        raise InputError(f"calibration: no reducible mixers found in {type(model).__name__}")
     stats = {m.layer: LayerCalibration() for m in mixers}
     handles = []
     for m in mixers:

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from state_reduction.errors import MissingInputError
+
 GIB = 1024**3
 
 
@@ -63,7 +65,7 @@ def build_config(name_or_path: str):
         return family_config(arch.family, **arch.config)
     path = Path(name_or_path)
     if not path.exists():
-        raise FileNotFoundError(f"memory-plan: {name_or_path!r} is neither a known architecture "
+        raise MissingInputError(f"memory-plan: {name_or_path!r} is neither a known architecture "
                                 f"({', '.join(ARCHITECTURES)}) nor a checkpoint folder or config.json")
     if path.is_file():
         return AutoConfig.for_model(**json.loads(path.read_text()))
@@ -247,7 +249,7 @@ def _cmd_memory_plan(args) -> int:
         for name, b in measured.items():
             print(f"    {name:<20}{b / 2**20:8.1f} MiB")
     if args.out:
-        from state_reduction.provenance import write_json_atomic
+        from state_reduction.atomic import write_json_atomic
 
         write_json_atomic(args.out, {"model": args.model, **p})
         print(f"plan: {args.out}")

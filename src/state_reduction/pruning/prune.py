@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from state_reduction.errors import InputError
+from state_reduction.atomic import check_output
 from state_reduction.pruning.selectors import MODES, get_selector, keep_count, select
 
 # What each selector reads from calibration (rand and l1 use the weights only).
@@ -38,15 +41,19 @@ class PruneConfig:
     def validate(self) -> None:
         get_selector(self.method)
         if self.select not in MODES:
-            raise ValueError(f"--select must be one of {', '.join(MODES)}, got {self.select!r}")
-        if self.n_calib < 1 or self.seq_len < 2:
-            raise ValueError(f"--n-calib must be >= 1 and --seq-len >= 2, got {self.n_calib}, {self.seq_len}")
+            raise InputError(f"--select must be one of {', '.join(MODES)}, got {self.select!r}")
+        if not 0.0 <= self.ratio < 1.0:
+            raise InputError(f"--ratio: compression ratio must be in [0, 1) (fraction of key channels removed), "
+                             f"got {self.ratio}")
+        for option, value, least in (("--n-calib", self.n_calib, 1), ("--seq-len", self.seq_len, 2),
+                                     ("--batch-size", self.batch_size, 1), ("--multiple", self.multiple or 1, 1)):
+            if not isinstance(value, int) or value < least:
+                raise InputError(f"{option} must be an integer >= {least}, got {value!r}")
         if self.device is not None:
             device = torch.device(self.device)
             if device.type == "cuda" and not torch.cuda.is_available():
-                raise ValueError(f"--device {self.device}: torch.cuda.is_available() is False on this machine")
-        if Path(self.out).exists() and not self.overwrite:
-            raise FileExistsError(f"output directory {self.out} exists; pass --overwrite to replace it")
+                raise InputError(f"--device {self.device}: torch.cuda.is_available() is False on this machine")
+        check_output(self.out, directory=True, overwrite=self.overwrite)
 
 
 def _peak_memory_bytes() -> int:
@@ -57,14 +64,15 @@ def _peak_memory_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def prune(cfg: PruneConfig) -> dict:
-    """Prune `cfg.model` and write the checkpoint and selection.json to `cfg.out`; returns the record."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    import state_reduction  # noqa: F401  (Auto-class registration)
+def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = None) -> dict:
+    """Prune `cfg.model` and publish the checkpoint with selection.json as `cfg.out`; returns the record.
+    `write_extra(folder, record)` adds files (the result) to the folder before it is published."""
     from state_reduction.backend import install_cpu_backend
+    from state_reduction.checkpoints import load_config, load_model, load_tokenizer
+    from state_reduction.evaluation.longctx import check_length_option
     from state_reduction.data import get_corpus_info, sample_sequences
-    from state_reduction.provenance import collect_provenance, write_json_atomic
+    from state_reduction.atomic import write_json_atomic
+    from state_reduction.provenance import collect_provenance
     from state_reduction.pruning.adapters import get_adapter
     from state_reduction.pruning.calibration import calibrate
     from state_reduction.pruning.streaming import calibrate_streaming
@@ -73,12 +81,15 @@ def prune(cfg: PruneConfig) -> dict:
     cfg.validate()
     t0 = time.time()
     install_cpu_backend()
-    get_adapter(AutoConfig.from_pretrained(cfg.model))  # a wrong or wrapper config fails before the weights load
-    model = AutoModelForCausalLM.from_pretrained(cfg.model)
+    config = load_config(cfg.model)
+    get_adapter(config)  # a wrong or wrapper config fails before the weights load
+    tokenizer = load_tokenizer(cfg.model)
+    if cfg.method in NEEDS_CALIBRATION:
+        check_length_option(cfg.seq_len, "--seq-len", config, tokenizer, model_dir=cfg.model, name=cfg.model)
+    model = load_model(cfg.model)
     adapter = get_adapter(model)
     if cfg.device is not None and not cfg.stream_layers:
         model.to(cfg.device)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     H, K = adapter.key_heads(model.config)
     keep = keep_count(K, cfg.ratio, cfg.multiple, cfg.power_of_two)
     state_before = adapter.state_bytes_per_sequence(model.config)
@@ -125,14 +136,23 @@ def prune(cfg: PruneConfig) -> dict:
             save_file(rotations, os.fspath(folder / "selection_rotations.safetensors"))
         record.update(wall_time_s=round(time.time() - t0, 2), peak_memory_bytes=_peak_memory_bytes())
         write_json_atomic(folder / "selection.json", record)
+        if write_extra is not None:
+            write_extra(folder, record)
 
     save_reduced(model, tokenizer, cfg.out, overwrite=cfg.overwrite, write_extra=write_selection)
     return record
 
 
-def prune_result(record: dict, folder, *, profile: str, experiment: str, config: dict | None = None) -> dict:
-    """The run of `prune` (its returned record, its output folder) as a result of the common schema."""
-    from state_reduction.results import build_result, model_entry
+def prune_result(record: dict, folder, *, profile: str, experiment: str, config: dict | None = None,
+                 published_as=None) -> dict:
+    """The run of `prune` (its returned record, its output folder) as a result of the common schema.
+    `published_as`: the folder's final name, when `folder` is the temporary one being filled."""
+    from state_reduction.results import _display_path, build_result, model_entry
+
+    model = model_entry(folder)
+    if published_as is not None:
+        model["path"] = _display_path(published_as)
+        folder = published_as
 
     calibration = record.get("calibration") or {}
     config = record["config"] if config is None else config
@@ -141,7 +161,7 @@ def prune_result(record: dict, folder, *, profile: str, experiment: str, config:
         metrics={"key_dim_before": record["key_dim_before"], "key_dim_after": record["key_dim_after"],
                  "state_bytes_before": record["state_bytes_per_sequence"]["before"],
                  "state_bytes_after": record["state_bytes_per_sequence"]["after"]},
-        model=model_entry(folder), data={calibration["corpus"]: calibration["sha256"]} if calibration else {},
+        model=model, data={calibration["corpus"]: calibration["sha256"]} if calibration else {},
         seeds={"selection": record["config"]["seed"]}, wall_time_s=record["wall_time_s"],
         extra={"selection_file": str(Path(folder) / "selection.json"), "calibration": calibration,
                "dense_model": model_entry(record["config"]["model"])})

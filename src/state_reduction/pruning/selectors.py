@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from state_reduction.errors import InputError, UnknownNameError
 from state_reduction.pruning.srrqr import srrqr_from_gram
 from state_reduction.pruning.types import KeyChannelSelection, LayerCalibration
 
@@ -37,18 +38,18 @@ def keep_count(K: int, ratio: float, multiple: int | None = None, power_of_two: 
     optionally rounded down to a multiple of `multiple` (kernel-friendly budgets, e.g. 8 or 16) and/or to a
     power of two (fla's GPU kernels pad K up to the next power of two, so 77 channels cost as much as 128)."""
     if not isinstance(K, int) or K < 1:
-        raise ValueError(f"K must be a positive int, got {K!r}")
+        raise InputError(f"K must be a positive int, got {K!r}")
     max_ratio = 1.0 - 1.0 / K
     if not (isinstance(ratio, (int, float)) and 0.0 <= ratio < 1.0):
-        raise ValueError(f"compression ratio must be in [0, {max_ratio:g}] for K={K} (fraction removed), got {ratio!r}")
+        raise InputError(f"compression ratio must be in [0, {max_ratio:g}] for K={K} (fraction removed), got {ratio!r}")
     kept = math.floor(K * (1.0 - ratio) + 1e-9)  # 1e-9: 100 * (1 - 0.3) is 69.99999999999999
     if kept < 1:
-        raise ValueError(f"compression ratio {ratio} removes every channel of K={K}; allowed range [0, {max_ratio:g}]")
+        raise InputError(f"compression ratio {ratio} removes every channel of K={K}; allowed range [0, {max_ratio:g}]")
     if multiple is not None:
         if not isinstance(multiple, int) or multiple < 1:
-            raise ValueError(f"multiple must be a positive int, got {multiple!r}")
+            raise InputError(f"multiple must be a positive int, got {multiple!r}")
         if kept < multiple:
-            raise ValueError(
+            raise InputError(
                 f"compression ratio {ratio} keeps {kept} of K={K} channels, fewer than multiple={multiple}; "
                 f"allowed range [0, {1.0 - multiple / K:g}]"
             )
@@ -63,7 +64,7 @@ def get_selector(name: str) -> Selector:
         return SELECTORS[name]
     close = difflib.get_close_matches(name, list(SELECTORS), n=1, cutoff=0.5)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise KeyError(f"unknown selector {name!r}{hint} (known: {', '.join(SELECTORS)})")
+    raise UnknownNameError(f"unknown selector {name!r}{hint} (known: {', '.join(SELECTORS)})")
 
 
 def select(
@@ -85,7 +86,7 @@ def register(name: str) -> Callable[[Selector], Selector]:
 
     def wrap(fn: Selector) -> Selector:
         if name in SELECTORS:
-            raise ValueError(f"selector {name!r} registered twice")
+            raise InputError(f"selector {name!r} registered twice")
 
         @functools.wraps(fn)
         def checked(stats, w_q, w_k, keep, mode="kq", generator=None, layer=0, **options):
@@ -102,20 +103,20 @@ def register(name: str) -> Callable[[Selector], Selector]:
 
 def _check_args(method: str, w_q: torch.Tensor, w_k: torch.Tensor, keep: int, mode: str, layer: int) -> tuple[int, int]:
     if mode not in MODES:
-        raise ValueError(
+        raise InputError(
             f"{method}: mode must be one of {MODES} (kq: queries and keys, k: keys, q: queries), got {mode!r}"
         )
     if w_q.ndim != 3 or w_q.shape != w_k.shape:
-        raise ValueError(
+        raise InputError(
             f"{method}: w_q and w_k must both be [H, K, d_in], got {tuple(w_q.shape)} and {tuple(w_k.shape)}"
         )
     H, K, _ = w_q.shape
     if isinstance(keep, bool) or not isinstance(keep, numbers.Integral) or not 1 <= keep <= K:
-        raise ValueError(f"{method}: keep must be an int in 1..{K} (K = {K}), got {keep!r}")
+        raise InputError(f"{method}: keep must be an int in 1..{K} (K = {K}), got {keep!r}")
     for label, w in (("w_q", w_q), ("w_k", w_k)):
         bad = ~torch.isfinite(w.detach())
         if bad.any():
-            raise ValueError(f"{method}: layer {layer} head {bad.nonzero()[0, 0].item()}: {label} has NaN or Inf")
+            raise InputError(f"{method}: layer {layer} head {bad.nonzero()[0, 0].item()}: {label} has NaN or Inf")
     return H, K
 
 
@@ -123,15 +124,15 @@ def _stat(stats: LayerCalibration | None, field: str, method: str, layer: int, s
     """One calibration statistic as float64, checked for presence, shape and finiteness."""
     t = getattr(stats, field) if stats is not None else None
     if t is None:
-        raise ValueError(f"{method} needs {hint} (layer {layer} has no {field})")
+        raise InputError(f"{method} needs {hint} (layer {layer} has no {field})")
     if tuple(t.shape) != shape:
-        raise ValueError(f"{method}: layer {layer} {field} has shape {tuple(t.shape)}, expected {shape}")
+        raise InputError(f"{method}: layer {layer} {field} has shape {tuple(t.shape)}, expected {shape}")
     t = t.detach().to("cpu", torch.float64)
     bad = ~torch.isfinite(t)
     if bad.any():
         where = bad.nonzero()[0].tolist()
         at = f"input feature {where[0]}" if t.ndim == 1 else f"head {where[0]}"
-        raise ValueError(f"{method}: layer {layer} {at}: {field} has NaN or Inf (calibration diverged?)")
+        raise InputError(f"{method}: layer {layer} {at}: {field} has NaN or Inf (calibration diverged?)")
     return t
 
 
@@ -154,7 +155,7 @@ def _weights(w: torch.Tensor) -> torch.Tensor:
 def select_rand(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
     """A random permutation per head from `generator` (required: unseeded selections are not reproducible)."""
     if generator is None:
-        raise ValueError("rand needs a seeded torch.Generator (generator=None)")
+        raise InputError("rand needs a seeded torch.Generator (generator=None)")
     H, K, _ = w_q.shape
     idx = torch.stack([torch.randperm(K, generator=generator)[:keep] for _ in range(H)])
     return KeyChannelSelection(keep=idx.sort(dim=1).values)
@@ -212,7 +213,7 @@ def _pca(stats, w_q, keep, mode, layer, method: str, largest: bool) -> KeyChanne
     H, K, _ = w_q.shape
     hint = "sum_k/sum_kk and sum_q/sum_qq (PCA moments): run calibration with q/k hooks"
     if stats is None or stats.n_tokens <= 0:
-        raise ValueError(f"{method} needs {hint} (layer {layer} has no calibration tokens)")
+        raise InputError(f"{method} needs {hint} (layer {layer} has no calibration tokens)")
     terms = _pair(mode, "q", "k")
     sums = [_stat(stats, f"sum_{s}", method, layer, (H, K), hint) for s in terms]
     outer = [_stat(stats, f"sum_{s}{s}", method, layer, (H, K, K), hint) for s in terms]

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from state_reduction.errors import InputError, UnsupportedError
 from state_reduction.pruning.calibration import QKGradients, _accumulate_input, _accumulate_qk, check_finite
 from state_reduction.pruning.types import KeyChannelAdapter, LayerCalibration
 
@@ -35,11 +36,11 @@ def decoder_blocks(model: nn.Module) -> nn.ModuleList:
     """The decoder blocks, `model.base_model.layers` in every supported family."""
     layers = getattr(model.base_model, "layers", None)
     if not isinstance(layers, nn.ModuleList) or not len(layers):
-        raise ValueError(f"layer streaming: {type(model).__name__}.{model.base_model_prefix} has no `layers` "
+        raise InputError(f"layer streaming: {type(model).__name__}.{model.base_model_prefix} has no `layers` "
                          "ModuleList of decoder blocks")
     for i, block in enumerate(layers):
         if getattr(block, "use_attnres", False):
-            raise NotImplementedError(f"layer streaming: block {i} of {type(model).__name__} uses attention residuals "
+            raise UnsupportedError(f"layer streaming: block {i} of {type(model).__name__} uses attention residuals "
                                       "(attnres_block_size), whose state crosses blocks; calibrate without streaming")
     return layers
 
@@ -99,7 +100,7 @@ def mixer_blocks(blocks: nn.ModuleList, mixers) -> dict[int, object]:
     out = {}
     for ref in mixers:
         if id(ref.module) not in where:
-            raise ValueError(f"layer streaming: mixer {ref.name} (layer {ref.layer}) is not inside a decoder block")
+            raise InputError(f"layer streaming: mixer {ref.name} (layer {ref.layer}) is not inside a decoder block")
         out[where[id(ref.module)]] = ref
     return out
 
@@ -111,7 +112,7 @@ def calibrate_streaming(model, adapter: KeyChannelAdapter, windows: torch.Tensor
     block at a time on `device` (default: the model's device, which streams activations only)."""
     mixers = list(adapter.mixers(model))
     if not mixers:
-        raise ValueError(f"calibration: no reducible mixers found in {type(model).__name__}")
+        raise InputError(f"calibration: no reducible mixers found in {type(model).__name__}")
     blocks = decoder_blocks(model)
     by_block = mixer_blocks(blocks, mixers)
     home = next(model.parameters()).device

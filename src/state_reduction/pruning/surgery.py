@@ -8,6 +8,7 @@ from pathlib import Path
 
 from torch import nn
 
+from state_reduction.errors import InputError
 from state_reduction.checkpoints import save_model_atomic
 from state_reduction.pruning.adapters import get_adapter
 from state_reduction.pruning.types import KeyChannelSelection
@@ -22,13 +23,13 @@ def reduce_model(model: nn.Module, selections: dict[int, KeyChannelSelection]) -
     mixers = {ref.layer: ref for ref in adapter.mixers(model)}
     missing, unknown = sorted(set(mixers) - set(selections)), sorted(set(selections) - set(mixers))
     if missing or unknown:
-        raise ValueError(
+        raise InputError(
             f"{model.config.model_type}: selections must cover exactly the reducible layers {sorted(mixers)}; "
             f"missing {missing}, not reducible {unknown}."
         )
     kept = {layer: sel.kept for layer, sel in selections.items()}
     if len(set(kept.values())) != 1:
-        raise ValueError(f"{model.config.model_type}: every layer must keep the same number of channels, got {kept}.")
+        raise InputError(f"{model.config.model_type}: every layer must keep the same number of channels, got {kept}.")
     for layer, ref in mixers.items():
         adapter.apply_selection(ref.module, selections[layer])
     adapter.update_config(model.config, next(iter(kept.values())))

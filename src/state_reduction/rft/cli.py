@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from state_reduction.options import length_int, nonnegative_int, positive_float, positive_int
+
 
 def _cmd_rft(args) -> int:
     from state_reduction.rft.config import RFTConfig, RFTError, parse_overrides
@@ -75,15 +77,15 @@ def register(sub) -> None:
     r.add_argument("--preset", default="paper", choices=sorted(PRESETS))
     r.add_argument("--config", default=None, help="YAML of RFTConfig fields (may name a preset)")
     r.add_argument("--profile", choices=["tiny", "paper"], default=None)
-    r.add_argument("--steps", type=int)
-    r.add_argument("--batch-size", type=int, help="global batch (all processes)")
-    r.add_argument("--micro-batch-size", type=int, help="per process and forward (gradient accumulation)")
-    r.add_argument("--seq-len", type=int)
-    r.add_argument("--lr", type=float)
-    r.add_argument("--warmup-steps", type=int)
-    r.add_argument("--rank", type=int, help="LoRA r")
-    r.add_argument("--alpha", type=float, help="LoRA alpha")
-    r.add_argument("--save-every", type=int)
+    r.add_argument("--steps", type=positive_int)
+    r.add_argument("--batch-size", type=positive_int, help="global batch (all processes)")
+    r.add_argument("--micro-batch-size", type=positive_int, help="per process and forward (gradient accumulation)")
+    r.add_argument("--seq-len", type=length_int)
+    r.add_argument("--lr", type=positive_float)
+    r.add_argument("--warmup-steps", type=nonnegative_int)
+    r.add_argument("--rank", type=positive_int, help="LoRA r")
+    r.add_argument("--alpha", type=positive_float, help="LoRA alpha")
+    r.add_argument("--save-every", type=positive_int)
     r.add_argument("--resume", action="store_true", help="continue from <out>/checkpoints/state.pt")
     r.add_argument("--overwrite", action="store_true", help="start over, deleting the run in --out")
     r.add_argument("--seed", type=int)
@@ -95,16 +97,16 @@ def register(sub) -> None:
                    help="default: $WANDB_MODE, else offline")
     r.add_argument("--distributed", choices=["auto", "none", "ddp", "fsdp"], default=None)
     r.add_argument("--device", default=None)
-    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--threads", type=positive_int, default=None)
     r.add_argument("--export-flame", metavar="DUMP_DIR", default=None,
                    help="write DUMP_DIR/flame_train_args.sh (DCP seed conversion + train.sh flags) instead of training")
     r.set_defaults(func=_cmd_rft)
 
     b = sub.add_parser("bench-rft", help="tokens/s and peak memory of RFT on the tiny models, with and without teacher")
     b.add_argument("--families", type=lambda s: s.split(","), default=["deltanet", "gated_deltanet", "mamba2", "qwen3_5"])
-    b.add_argument("--steps", type=int, default=5)
-    b.add_argument("--batch-size", type=int, default=4)
-    b.add_argument("--seq-len", type=int, default=128)
+    b.add_argument("--steps", type=positive_int, default=5)
+    b.add_argument("--batch-size", type=positive_int, default=4)
+    b.add_argument("--seq-len", type=length_int, default=128)
     b.add_argument("--out", default=None, help="also write a result JSON")
     b.set_defaults(func=_cmd_bench_rft)
 

@@ -12,8 +12,10 @@ from typing import Any
 
 import yaml
 
+from state_reduction.errors import Error
 
-class RFTError(ValueError):
+
+class RFTError(Error, ValueError):
     """Bad RFT input or a run that cannot continue; the message names the model, module, key or step."""
 
 

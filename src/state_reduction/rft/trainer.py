@@ -14,7 +14,6 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from contextlib import nullcontext
@@ -121,14 +120,10 @@ class DistContext:
 # ------------------------------------------------------------------------------------------- models
 
 def load_causal_lm(path: str, what: str):
-    from transformers import AutoModelForCausalLM
+    """checkpoints.load_model: files, config and finite weights checked; a failure names the file."""
+    from state_reduction.checkpoints import load_model
 
-    import state_reduction  # noqa: F401  (Auto-class registration)
-
-    try:
-        return AutoModelForCausalLM.from_pretrained(path)
-    except (OSError, ValueError, KeyError) as e:
-        raise RFTError(f"cannot load the {what} {path}: {e}") from None
+    return load_model(path, what)
 
 
 def check_pair(student, teacher, student_path: str, teacher_path: str) -> None:
@@ -272,11 +267,21 @@ def _set_rng_state(s: dict) -> None:
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
-def _save_atomic(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+STATE_KEYS = ("config_hash", "config", "step", "trainable", "optimizer", "scheduler", "rng", "history", "wall_s")
+
+
+def load_state(path: Path) -> dict:
+    """A checkpoint written by `save`; an empty, truncated or foreign file is a one-line error with the fix."""
+    hint = "pass --overwrite to start over (the checkpoint cannot be resumed)"
+    try:
+        state = torch.load(path, weights_only=False, map_location="cpu")
+    except Exception as e:  # torch.load raises many types for damaged files (EOFError, RuntimeError, UnpicklingError)
+        raise RFTError(f"RFT checkpoint {path} is damaged: {type(e).__name__}: {' '.join(str(e).split())[:200]}",
+                       hint=hint) from None
+    missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise RFTError(f"RFT checkpoint {path} is not one this code wrote (lacks {', '.join(missing)})", hint=hint)
+    return state
 
 
 def _optimizer_state(model, optimizer, ctx: DistContext):
@@ -360,11 +365,10 @@ def _prepare_out(cfg: RFTConfig, out: Path, ctx: DistContext) -> dict | None:
 
     state_path = out / STATE_FILE
     result_path = out / RESULT_FILE
-    if cfg.overwrite:
+    if cfg.overwrite:  # start over; the finished model and result stay until the new ones replace them
         if ctx.main:
-            for name in (STATE_FILE, RESULT_FILE, LOG_FILE):
+            for name in (STATE_FILE, LOG_FILE):
                 (out / name).unlink(missing_ok=True)
-            shutil.rmtree(out / MODEL_DIR, ignore_errors=True)
         ctx.barrier()
         return None
     if cfg.resume and result_path.exists() and (out / MODEL_DIR).exists():
@@ -437,7 +441,7 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
     state_path = out / STATE_FILE
     state = None
     if cfg.resume and state_path.exists():
-        state = torch.load(state_path, weights_only=False, map_location="cpu")
+        state = load_state(state_path)
         if state["config_hash"] != cfg.hash():
             diff = config_diff(state["config"], cfg.identity())
             raise RFTError(f"{state_path} was written by another RFT config (hash {state['config_hash']} != "
@@ -498,7 +502,9 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
         opt_state = _optimizer_state(model, optimizer, ctx)
         rngs = ctx.gather_object(_rng_state())
         if ctx.main:
-            _save_atomic(state_path, {
+            from state_reduction.atomic import save_torch_atomic
+
+            save_torch_atomic(state_path, {
                 "config_hash": cfg.hash(), "config": cfg.identity(), "step": step_now, "trainable": trainable,
                 "optimizer": opt_state, "scheduler": scheduler.state_dict(), "rng": rngs,
                 "data_position": {"step": step_now, "seed": cfg.seed, "n_windows": int(windows.shape[0])},
@@ -551,7 +557,7 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
         train_s = time.time() - t_loop
 
         final_state = trainable_state(model)
-        metrics = _metrics(history, cfg, steps_here, train_s)
+        metrics = _metrics(history, cfg, wall_before + train_s)
         model_dir = out / MODEL_DIR
         if ctx.main:
             from state_reduction.checkpoints import save_model_atomic
@@ -565,7 +571,7 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
                     metrics[f"{corpus}_ppl_after"] = ppl
                 eval_s += time.time() - t_eval
             def write_extra(folder: Path) -> None:
-                from state_reduction.provenance import write_json_atomic
+                from state_reduction.atomic import write_json_atomic
 
                 write_json_atomic(folder / "rft_config.json", cfg.to_dict())
 
@@ -596,10 +602,11 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
         logger.close()
 
 
-def _metrics(history: list[dict], cfg: RFTConfig, steps_here: int, train_s: float) -> dict:
+def _metrics(history: list[dict], cfg: RFTConfig, train_s: float) -> dict:
+    """`train_s`: the training loops of every attempt (a resumed run's tokens/s counts all its steps)."""
     tail = history[-max(1, min(10, len(history))):]
     avg = lambda k: float(np.mean([r[k] for r in tail]))
     return {"final_loss": avg("loss"), "final_ce": avg("ce"), "final_kl": avg("kl"),
             "first_loss": history[0]["loss"], "first_ce": history[0]["ce"], "last_loss": history[-1]["loss"],
             "steps": len(history), "tokens": len(history) * cfg.batch_size * cfg.seq_len,
-            "tokens_per_s": steps_here * cfg.batch_size * cfg.seq_len / max(train_s, 1e-9)}
+            "tokens_per_s": len(history) * cfg.batch_size * cfg.seq_len / max(train_s, 1e-9)}

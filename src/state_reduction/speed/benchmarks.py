@@ -18,6 +18,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
+from state_reduction.errors import Error
 from state_reduction.pruning.selectors import keep_count
 from state_reduction.results import build_result
 from state_reduction.speed.memory import measure_peak_bytes
@@ -45,7 +46,7 @@ MODEL_STEP_PROTOCOL = TimingProtocol(1, 3, 3)
 QUICK_PROTOCOL = TimingProtocol(1, 2, 3)
 
 
-class BenchError(ValueError):
+class BenchError(Error, ValueError):
     """Bad benchmark input (device, CUDA graphs, sizes); the message names the argument."""
 
 

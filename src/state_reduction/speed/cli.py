@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from state_reduction.errors import InputError, MissingInputError
+from state_reduction.options import length_int, nonnegative_int, positive_int
 from state_reduction.provenance import REPO_ROOT
 
 TINY_CHECKPOINTS = REPO_ROOT / "experiments" / "tiny_models" / "checkpoints"
@@ -26,7 +28,7 @@ def _dtype(name):
     if name is None:
         return None
     if name not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
     return DTYPES[name]
 
 
@@ -147,7 +149,7 @@ def _state_memory_record(args) -> dict:
         elif Path(name).is_dir():
             config = AutoConfig.from_pretrained(name)
         else:
-            raise FileNotFoundError(f"model {name!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint directory")
+            raise MissingInputError(f"model {name!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint directory")
         from state_reduction.pruning.adapters import get_adapter
 
         K = get_adapter(config).key_heads(config)[1]
@@ -166,7 +168,8 @@ def _state_memory_record(args) -> dict:
 
 def _cmd_calibration(args) -> int:
     from state_reduction.bench import bench_calibration, format_calibration
-    from state_reduction.provenance import collect_provenance, write_json_atomic
+    from state_reduction.atomic import write_json_atomic
+    from state_reduction.provenance import collect_provenance
 
     rows = bench_calibration(args.model, sizes=args.sizes, seq_len=args.seq_len or 256, batch_size=args.batch_size,
                              corpus=args.calib)
@@ -193,19 +196,19 @@ def register(sub) -> None:
     be.add_argument("--models", nargs="+", default=None, help="state-memory: several checkpoints or presets")
     be.add_argument("--device", default="cpu")
     be.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.75], help="fractions of key channels removed")
-    be.add_argument("--keep", type=int, nargs="*", default=None, help="extra explicit kept-channel budgets (e.g. 77)")
-    be.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+    be.add_argument("--keep", type=positive_int, nargs="*", default=None, help="extra explicit kept-channel budgets (e.g. 77)")
+    be.add_argument("--batch-sizes", type=positive_int, nargs="+", default=None,
                     help="decode (default 1 4 16 64), mixer (default 1 2); recurrence: the first (default 64)")
     be.add_argument("--grid", type=_grid, nargs="+", default=None, help="prefill cells BxT, e.g. 1x2k 4x8k")
-    be.add_argument("--prompt-len", type=int, default=512)
-    be.add_argument("--seq-len", type=int, default=None, help="mixer: T (paper 2048); calibration: window length")
-    be.add_argument("--layers", type=int, default=None,
+    be.add_argument("--prompt-len", type=positive_int, default=512)
+    be.add_argument("--seq-len", type=length_int, default=None, help="mixer: T (paper 2048); calibration: window length")
+    be.add_argument("--layers", type=positive_int, default=None,
                     help="presets: number of layers, keeping the 1.3B shapes (recurrence default 2)")
     be.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: bf16 on CUDA, fp32 on CPU)")
     be.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="decode: capture steps in CUDA graphs")
-    be.add_argument("--warmup", type=int, default=2, help="warm-up steps per repetition (paper 10)")
-    be.add_argument("--steps", type=int, default=5, help="measured steps per repetition (paper 100)")
-    be.add_argument("--repeats", type=int, default=3, help="repetitions; the median is reported (paper 3)")
+    be.add_argument("--warmup", type=nonnegative_int, default=2, help="warm-up steps per repetition (paper 10)")
+    be.add_argument("--steps", type=positive_int, default=5, help="measured steps per repetition (paper 100)")
+    be.add_argument("--repeats", type=positive_int, default=3, help="repetitions; the median is reported (paper 3)")
     be.add_argument("--levels", nargs="+", default=["recurrence", "layer", "model"],
                     help="recurrence: what to time (recurrence alone, one mixer layer, the model)")
     be.add_argument("--malloc-heap", action="store_true",
@@ -213,12 +216,12 @@ def register(sub) -> None:
     be.add_argument("--memory-budget", default=None, help="prefill: skip cells estimated above this (default: free memory)")
     be.add_argument("--budget", default=None, help="state-memory: memory for recurrent states, e.g. 80GiB")
     be.add_argument("--fixed", default=None, help="state-memory: bytes taken before states (e.g. weights), e.g. 2.6GiB")
-    be.add_argument("--threads", type=int, default=1, help="torch threads")
+    be.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     be.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
     be.add_argument("--results-root", default=str(REPO_ROOT / "results"))
     be.add_argument("--out", default=None, help="result JSON (default results/<profile>/speed/<mode>_<model>_<device>.json)")
     be.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128, 512], help="calibration: numbers of sequences")
-    be.add_argument("--batch-size", type=int, default=8, help="calibration batch")
+    be.add_argument("--batch-size", type=positive_int, default=8, help="calibration batch")
     be.add_argument("--calib", default="books", help="calibration corpus (books has the most calibration tokens)")
     be.set_defaults(func=_run)
 

@@ -16,6 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from state_reduction.errors import InputError
 from state_reduction.pruning.adapters import get_adapter
 from state_reduction.pruning.selectors import keep_count
 
@@ -30,11 +31,11 @@ def parse_bytes(text: str | int) -> int:
         return text
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"memory size {text!r}: expected a number with an optional unit "
+        raise InputError(f"memory size {text!r}: expected a number with an optional unit "
                          f"({', '.join(u for u in _UNITS if u)}), e.g. 80GiB")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if value <= 0:
-        raise ValueError(f"memory size {text!r} must be positive")
+        raise InputError(f"memory size {text!r} must be positive")
     return int(value)
 
 
@@ -43,7 +44,7 @@ def reduced_config(config, keep: int):
     adapter = get_adapter(config)
     _, K = adapter.key_heads(config)
     if not (isinstance(keep, int) and 1 <= keep <= K):
-        raise ValueError(f"{config.model_type}: keep must be an int in [1, {K}] key channels per head, got {keep!r}")
+        raise InputError(f"{config.model_type}: keep must be an int in [1, {K}] key channels per head, got {keep!r}")
     out = copy.deepcopy(config)
     if keep != K:
         adapter.update_config(out, keep)
@@ -64,9 +65,9 @@ def state_bytes(config, *, ratio: float = 0.0, keep: int | None = None, multiple
 def largest_batch(budget_bytes: int, per_sequence_bytes: int, fixed_bytes: int = 0) -> int:
     """The largest batch whose states fit: floor((budget - fixed) / per_sequence), 0 when nothing fits."""
     if per_sequence_bytes <= 0:
-        raise ValueError(f"per-sequence bytes must be positive, got {per_sequence_bytes}")
+        raise InputError(f"per-sequence bytes must be positive, got {per_sequence_bytes}")
     if budget_bytes < 0 or fixed_bytes < 0:
-        raise ValueError(f"budget and fixed bytes must be >= 0, got {budget_bytes} and {fixed_bytes}")
+        raise InputError(f"budget and fixed bytes must be >= 0, got {budget_bytes} and {fixed_bytes}")
     return max(0, (budget_bytes - fixed_bytes) // per_sequence_bytes)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from state_reduction.errors import InputError, MissingInputError
 from state_reduction.pruning.adapters import get_adapter
 from state_reduction.pruning.selectors import select
 from state_reduction.pruning.surgery import reduce_model
@@ -46,12 +47,12 @@ def load_bench_model(model: str, *, layers: int | None = None, dtype: torch.dtyp
         desc = {"name": model, "path": None, "family": family, "random_weights": True, "layers": kwargs["num_hidden_layers"]}
     elif Path(model).is_dir():
         if layers is not None:
-            raise ValueError(f"--layers applies to presets ({', '.join(PRESETS)}), not to the checkpoint {model}")
+            raise InputError(f"--layers applies to presets ({', '.join(PRESETS)}), not to the checkpoint {model}")
         m = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
         desc = {"name": Path(model).name, "path": model, "family": m.config.model_type, "random_weights": False,
                 "layers": m.config.num_hidden_layers}
     else:
-        raise FileNotFoundError(f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint directory")
+        raise MissingInputError(f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint directory")
     m = m.to(device).eval()
     H, K = get_adapter(m).key_heads(m.config)
     desc.update(model_type=m.config.model_type, heads=H, d_k=K, dtype=str(dtype).removeprefix("torch."))
@@ -79,7 +80,7 @@ def reduced_copy(model: nn.Module, keep: int, method: str = "l1") -> nn.Module:
 def model_device(model: nn.Module) -> torch.device:
     devices = {p.device for p in model.parameters()}
     if len(devices) != 1:
-        raise ValueError(f"model parameters are spread over devices {sorted(map(str, devices))}; benchmarks need one")
+        raise InputError(f"model parameters are spread over devices {sorted(map(str, devices))}; benchmarks need one")
     return next(iter(devices))
 
 
@@ -87,7 +88,7 @@ def check_device(model: nn.Module, device: torch.device, what: str) -> None:
     """Benchmarking a model on a device it is not on is an error (a silent copy would time the transfer)."""
     found = model_device(model)
     if found.type != device.type or (device.index is not None and found.index != device.index):
-        raise ValueError(f"{what}: the model is on {found} but the benchmark was asked to run on {device}; "
+        raise InputError(f"{what}: the model is on {found} but the benchmark was asked to run on {device}; "
                          f"move it with model.to({str(device)!r}) or pass --device {found}")
 
 

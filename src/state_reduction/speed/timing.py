@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from state_reduction.errors import InputError
+
 
 @dataclass(frozen=True)
 class TimingProtocol:
@@ -20,7 +22,7 @@ class TimingProtocol:
 
     def __post_init__(self):
         if self.warmup < 0 or self.steps < 1 or self.repeats < 1:
-            raise ValueError(f"need warmup >= 0, steps >= 1, repeats >= 1; got {asdict(self)}")
+            raise InputError(f"need warmup >= 0, steps >= 1, repeats >= 1; got {asdict(self)}")
 
 
 def _sync(device: torch.device) -> None:

@@ -11,7 +11,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +20,11 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from state_reduction.errors import InputError
 from state_reduction.checkpoints import save_model_atomic
 from state_reduction.models import build_model, get_family
-from state_reduction.provenance import collect_provenance, write_json_atomic
+from state_reduction.atomic import save_torch_atomic, write_json_atomic
+from state_reduction.provenance import collect_provenance
 
 EVAL_CORPORA = ("ptb", "wiki")
 
@@ -55,7 +56,7 @@ class PretrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ValueError(f"{path}: unknown pretraining config keys {unknown}; known: {sorted(known)}")
+            raise InputError(f"{path}: unknown pretraining config keys {unknown}; known: {sorted(known)}")
         get_family(raw["family"])
         if "adam_betas" in raw:
             raw["adam_betas"] = tuple(raw["adam_betas"])
@@ -138,12 +139,6 @@ def unigram_nll(train_counts: torch.Tensor, tokens: torch.Tensor, seq_len: int) 
     return -logp[targets]
 
 
-def _save_state_atomic(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
 def pretrain(cfg: PretrainConfig, tokenizer_dir: str | Path, out_dir: str | Path, run_dir: str | Path,
              data_dir=None, device: str = "cpu", resume: bool = True) -> dict:
     """Train `cfg`'s model, save it with the tokenizer and a training record to `out_dir`."""
@@ -160,7 +155,7 @@ def pretrain(cfg: PretrainConfig, tokenizer_dir: str | Path, out_dir: str | Path
     model = build_model(cfg.family, model_kwargs, seed=cfg.seed).to(device)
     windows, corpus_tokens = build_training_windows(tokenizer, cfg, data_dir=data_dir)
     if windows.shape[0] < cfg.batch_size:
-        raise ValueError(f"{cfg.name}: only {windows.shape[0]} training windows of {cfg.seq_len} tokens, "
+        raise InputError(f"{cfg.name}: only {windows.shape[0]} training windows of {cfg.seq_len} tokens, "
                          f"fewer than batch_size={cfg.batch_size}")
 
     wall = train(model, windows, cfg, run_dir, device=device, resume=resume)
@@ -245,7 +240,7 @@ def train(model, windows: torch.Tensor, cfg: PretrainConfig, run_dir: Path, devi
             f.write(json.dumps({"step": step, "loss": loss_v, "grad_norm": float(grad_norm),
                                 "lr": scheduler.get_last_lr()[0]}) + "\n")
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            _save_state_atomic(state_path, {
+            save_torch_atomic(state_path, {
                 "config_hash": cfg.hash(), "step": step, "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": torch.get_rng_state(), "wall_s": wall_before + time.time() - t0})

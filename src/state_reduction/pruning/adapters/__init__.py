@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 
+from state_reduction.errors import InputError, UnknownNameError
 from state_reduction.pruning.adapters.deltanet import (
     DeltaNetAdapter,
     SharedConvDeltaNetAdapter,
@@ -44,7 +45,7 @@ def get_adapter(model_or_config) -> KeyChannelAdapter:
         adapter = ADAPTERS[model_type]
         missing = [f for f in adapter.required_fields if not hasattr(config, f)]
         if missing:
-            raise ValueError(
+            raise InputError(
                 f"{adapter.family} adapter: the config of model_type {model_type!r} lacks {', '.join(missing)}; "
                 f"expected a {adapter.model_type!r} config with {', '.join(adapter.required_fields)}"
                 + _text_model_hint(config, model_type, adapter.model_type))
@@ -56,7 +57,7 @@ def get_adapter(model_or_config) -> KeyChannelAdapter:
     else:
         close = difflib.get_close_matches(str(model_type), list(ADAPTERS), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise KeyError(f"no key-channel adapter for model_type {model_type!r}{hint} (supported: {', '.join(ADAPTERS)})")
+    raise UnknownNameError(f"no key-channel adapter for model_type {model_type!r}{hint} (supported: {', '.join(ADAPTERS)})")
 
 
 __all__ = ["ADAPTERS", "DeltaNetAdapter", "GatedDeltaNetAdapter", "Mamba2Adapter", "Qwen3_5Adapter",

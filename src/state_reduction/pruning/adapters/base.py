@@ -14,13 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from state_reduction.errors import InputError, UnsupportedError
 from state_reduction.pruning.types import KeyChannelSelection, MixerRef
 
 
 def find_mixers(model: nn.Module, mixer_class: type, family: str) -> Iterator[MixerRef]:
     refs = [MixerRef(layer=m.layer_idx, name=name, module=m) for name, m in model.named_modules() if isinstance(m, mixer_class)]
     if not refs:
-        raise ValueError(
+        raise InputError(
             f"{family} adapter: {type(model).__module__}.{type(model).__name__} has no "
             f"{mixer_class.__module__}.{mixer_class.__qualname__} module."
         )
@@ -30,26 +31,26 @@ def find_mixers(model: nn.Module, mixer_class: type, family: str) -> Iterator[Mi
 def check_selection(selection: KeyChannelSelection, heads: int, channels: int, where: str) -> None:
     """Reject a selection that does not fit H key heads of K channels; `where` names the layer/module."""
     if (selection.keep is None) == (selection.rotation is None):
-        raise ValueError(f"{where}: a KeyChannelSelection needs exactly one of `keep` or `rotation`.")
+        raise InputError(f"{where}: a KeyChannelSelection needs exactly one of `keep` or `rotation`.")
     if selection.keep is not None:
         keep = selection.keep
         if keep.dim() != 2 or keep.shape[0] != heads or not 1 <= keep.shape[1] <= channels:
-            raise ValueError(
+            raise InputError(
                 f"{where}: keep has shape {tuple(keep.shape)}, expected [H={heads}, K'] with 1 <= K' <= K={channels}."
             )
         if keep.dtype.is_floating_point or keep.dtype == torch.bool:
-            raise ValueError(f"{where}: keep must hold integer channel indices, got dtype {keep.dtype}.")
+            raise InputError(f"{where}: keep must hold integer channel indices, got dtype {keep.dtype}.")
         if int(keep.min()) < 0 or int(keep.max()) >= channels:
-            raise ValueError(
+            raise InputError(
                 f"{where}: keep indices must lie in [0, {channels}), got min {int(keep.min())}, max {int(keep.max())}."
             )
         if keep.shape[1] > 1 and not bool((keep.diff(dim=1) > 0).all()):
             bad = int((keep.diff(dim=1) <= 0).any(dim=1).nonzero()[0])
-            raise ValueError(f"{where}: keep indices of head {bad} are not strictly ascending: {keep[bad].tolist()}.")
+            raise InputError(f"{where}: keep indices of head {bad} are not strictly ascending: {keep[bad].tolist()}.")
     else:
         rot = selection.rotation
         if rot.dim() != 3 or rot.shape[0] != heads or rot.shape[2] != channels or not 1 <= rot.shape[1] <= channels:
-            raise ValueError(
+            raise InputError(
                 f"{where}: rotation has shape {tuple(rot.shape)}, expected [H={heads}, K', K={channels}] with K' <= K."
             )
 
@@ -150,7 +151,7 @@ class FusedQKAdapter:
         def before_mixer(module, args, kwargs):
             cache = kwargs.get("cache", kwargs.get("cache_params", args[1] if len(args) > 1 else None))
             if cache is not None and cache.get_conv_state(module.layer_idx, state_idx=0) is not None:
-                raise NotImplementedError(
+                raise UnsupportedError(
                     f"{type(module).__name__} layer {module.layer_idx}: q/k hooks recompute the short conv from the "
                     f"tokens of one forward and cannot continue a cache; calibrate with full forwards."
                 )

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from state_reduction.errors import InputError
 from state_reduction.pruning.adapters.base import (
     check_selection,
     cut_rows,
@@ -137,7 +138,7 @@ class DeltaNetAdapter(FlaKeyChannelAdapter):
         key_dim = config.num_heads * new_k
         expand_k = key_dim / config.hidden_size
         if round(config.hidden_size * expand_k) != key_dim or not math.isclose(config.hidden_size * expand_k, key_dim):
-            raise ValueError(f"DeltaNet: no float expand_k gives key_dim {key_dim} with hidden_size {config.hidden_size}.")
+            raise InputError(f"DeltaNet: no float expand_k gives key_dim {key_dim} with hidden_size {config.hidden_size}.")
         config.expand_k = expand_k
 
     def state_bytes_per_sequence(self, config, dtype: torch.dtype = torch.bfloat16) -> int:

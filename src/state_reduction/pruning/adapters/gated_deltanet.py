@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from state_reduction.errors import InputError
 from state_reduction.pruning.adapters.base import Undo
 from state_reduction.pruning.adapters.deltanet import FlaKeyChannelAdapter, FlaLayout, _n_linear_layers
 from state_reduction.pruning.types import KeyChannelSelection
@@ -24,10 +25,10 @@ def expand_v_for(head_v_dim: int, head_k_dim: int, num_v_heads: int) -> float:
             break
         expand_v = math.nextafter(expand_v, math.inf)
     else:
-        raise ValueError(f"GatedDeltaNet: no expand_v keeps head_v_dim {head_v_dim} with head_dim {head_k_dim}.")
+        raise InputError(f"GatedDeltaNet: no expand_v keeps head_v_dim {head_v_dim} with head_dim {head_k_dim}.")
     if not (math.isclose(head_k_dim * expand_v, head_v_dim, rel_tol=1e-5)
             and math.isclose(num_v_heads * head_k_dim * expand_v, num_v_heads * head_v_dim, rel_tol=1e-5)):
-        raise ValueError(f"GatedDeltaNet: expand_v {expand_v} fails fla's integer checks for head_dim {head_k_dim}.")
+        raise InputError(f"GatedDeltaNet: expand_v {expand_v} fails fla's integer checks for head_dim {head_k_dim}.")
     return expand_v
 
 
