@@ -141,6 +141,17 @@ def is_complete(folder: str | os.PathLike) -> bool:
         return False
 
 
+def _cannot_write(folder: Path) -> str | None:
+    """Why nothing can be created in `folder` (creating and removing a probe folder there), or None."""
+    probe = _sibling(folder / "write-probe", "tmp")
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None
+
+
 # -- checks before compute ------------------------------------------------------------------------------------
 def check_output(target: str | os.PathLike, *, directory: bool, overwrite: bool = False,
                  option: str = "--out") -> Path:
@@ -161,13 +172,10 @@ def check_output(target: str | os.PathLike, *, directory: bool, overwrite: bool 
     if not ancestor.is_dir():
         raise OutputError(f"{option} {target}: {ancestor} is a file, so no folder can be created under it",
                           hint=f"choose another {option}")
-    probe = _sibling(ancestor / "write-probe", "tmp")
-    try:
-        probe.mkdir()
-        probe.rmdir()
-    except OSError as e:
-        raise OutputError(f"{option} {target}: cannot write in {ancestor} ({e.strerror})",
-                          hint=f"choose a writable {option} or fix the folder's permissions") from None
+    problem = _cannot_write(ancestor)
+    if problem:
+        raise OutputError(f"{option} {target}: cannot write in {ancestor} ({problem})",
+                          hint=f"choose a writable {option} or fix the folder's permissions")
     remove_stale(target.parent)
     return target
 

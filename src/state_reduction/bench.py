@@ -23,10 +23,8 @@ def _rss_bytes() -> int:
 
 def calibration_point(model_path: str, n: int, seq_len: int, batch_size: int, corpus: str, seed: int) -> dict:
     """One measurement, in this process: load, calibrate on n sequences, select with DRRQR at 50%."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import state_reduction  # noqa: F401
     from state_reduction.backend import install_cpu_backend
+    from state_reduction.checkpoints import load_model, load_tokenizer
     from state_reduction.data import sample_sequences
     from state_reduction.pruning.adapters import get_adapter
     from state_reduction.pruning.calibration import calibrate
@@ -34,8 +32,8 @@ def calibration_point(model_path: str, n: int, seq_len: int, batch_size: int, co
 
     install_cpu_backend()
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(model_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = load_model(model_path)
+    tokenizer = load_tokenizer(model_path)
     adapter = get_adapter(model)
     windows = sample_sequences(tokenizer, corpus, n=n, seq_len=seq_len, seed=seed, stream="calibration")
     with torch.no_grad():  # warm-up: allocator pools and lazy imports belong to the baseline

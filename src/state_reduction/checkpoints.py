@@ -122,7 +122,8 @@ def load_model(path: str, what: str = "model", **kwargs):
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except LOAD_ERRORS as e:
-        raise InputError(f"cannot load {what} {path}: {type(e).__name__}: {_first_line(e)}",
+        raise InputError(f"cannot build {what} {path} from its config.json and weights: {type(e).__name__}: "
+                         f"{_first_line(e)}",
                          hint=RECREATE if is_local_path(path) else "check the hub id and your network") from None
     check_finite(model, path, what)
     return model

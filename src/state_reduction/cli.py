@@ -31,12 +31,13 @@ def _cmd_data(args) -> int:
 
 
 def _cmd_train_tokenizer(args) -> int:
+    from state_reduction.atomic import publish_folder
     from state_reduction.data import corpus_text
     from state_reduction.tokenizer import tokenizer_hash, train_bpe_tokenizer
 
     texts = [corpus_text(name, "train", data_dir=args.data_dir) for name in args.corpora]
     tok = train_bpe_tokenizer(texts, vocab_size=args.vocab_size)
-    tok.save_pretrained(args.out)
+    publish_folder(args.out, tok.save_pretrained, overwrite=True, option="--out")
     print(f"tokenizer: {len(tok)} tokens, sha256 {tokenizer_hash(args.out)} -> {args.out}")
     return 0
 

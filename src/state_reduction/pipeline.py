@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from state_reduction.atomic import is_complete
 from state_reduction.errors import Error
 from state_reduction.provenance import REPO_ROOT
 from state_reduction.results import (
@@ -275,7 +276,7 @@ class _Runner:
     def ensure_pruned(self, cell: Cell) -> Path:
         config = self.prune_config(cell)
         folder = self.model_dir(cell, "prune", config)
-        if not (folder / "selection.json").is_file():
+        if not is_complete(folder):  # published whole, marker last (atomic.publishing)
             self._prune(cell, config, folder)
         return folder
 
@@ -300,7 +301,7 @@ class _Runner:
 
         config = self.rft_config(cell)
         folder = self.model_dir(cell, "rft", config)
-        if not (folder / MODEL_DIR / "config.json").is_file():
+        if not is_complete(folder / MODEL_DIR):
             self._rft(cell, config, folder)
         return folder / MODEL_DIR
 
@@ -325,10 +326,8 @@ class _Runner:
         return self._rft(cell, config, self.model_dir(cell, "rft", config))
 
     def run_eval(self, name: str, config: dict) -> dict:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        import state_reduction  # noqa: F401
         from state_reduction.backend import install_cpu_backend
+        from state_reduction.checkpoints import load_model, load_tokenizer
         from state_reduction.evaluation import evaluate
 
         cell = self._cell(config)
@@ -338,8 +337,8 @@ class _Runner:
             folder = self.ensure_rft(cell) if config["rft"] else self.ensure_pruned(cell)
         install_cpu_backend()
         with measure() as m:
-            model = AutoModelForCausalLM.from_pretrained(str(folder))
-            tokenizer = AutoTokenizer.from_pretrained(str(folder))
+            model = load_model(str(folder))
+            tokenizer = load_tokenizer(str(folder))
             model.eval()
             out = evaluate(model, tokenizer, suite=config["suite"], batch_size=config["batch_size"],
                            max_length=config["max_length"], limit=config["limit"], data_dir=self.data_dir)

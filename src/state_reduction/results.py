@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from state_reduction.errors import Error, InputError, MissingInputError
 from state_reduction.atomic import check_output, remove_stale, write_json_atomic
+from state_reduction.errors import Error, InputError, MissingInputError
 from state_reduction.provenance import REPO_ROOT, collect_provenance
 
 SCHEMA = "state-reduction/result"

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from state_reduction.errors import InputError
 from state_reduction.analysis.conv import filter_similarity, qk_conv_filters
+from state_reduction.errors import InputError
 from state_reduction.analysis.rank import (
     check_divisor,
     effective_rank_from_singular_values,
@@ -168,20 +168,17 @@ def check_reduced(model, adapter, path: str, selection: LoadedSelection) -> None
 
 
 def _load(path: str):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from state_reduction.checkpoints import load_config, load_model
 
-    import state_reduction  # noqa: F401  (Auto-class registration)
-
-    adapter = recurrent_adapter(AutoConfig.from_pretrained(path), path)
-    model = AutoModelForCausalLM.from_pretrained(path)
+    adapter = recurrent_adapter(load_config(path), path)
+    model = load_model(path)
     model.eval()
     return model, adapter
 
 
 def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "analysis") -> dict:
-    from transformers import AutoTokenizer
-
     from state_reduction.backend import install_cpu_backend
+    from state_reduction.checkpoints import load_tokenizer
     from state_reduction.data import sample_sequences
     from state_reduction.pruning.calibration import calibrate
     from state_reduction.pruning.surgery import reduce_model
@@ -203,7 +200,7 @@ def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "ana
         check_fits(sel, cfg.model, model.config.model_type, layers, H, K)
         selections.append(sel)
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    tokenizer = load_tokenizer(cfg.model)
     windows = sample_sequences(tokenizer, cfg.calib, n=cfg.n_calib, seq_len=cfg.seq_len, seed=cfg.seed,
                                stream=cfg.stream, data_dir=cfg.data_dir)
     kw = {"stride": cfg.stride, "divisor": cfg.divisor, "batch_size": cfg.batch_size, "ignore_decay": cfg.ignore_decay}

@@ -10,8 +10,9 @@ def _cmd_analyze(args) -> int:
     import torch
 
     from state_reduction.analysis.analyze import AnalyzeConfig, analyze
-    from state_reduction.results import write_result
+    from state_reduction.results import check_result_path, write_result
 
+    check_result_path(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = AnalyzeConfig(model=args.model, selection=args.selection, compare=args.compare,

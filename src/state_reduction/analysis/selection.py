@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from state_reduction.errors import InputError, MissingInputError
 from state_reduction.analysis.rank import condition_number
+from state_reduction.errors import InputError, MissingInputError
 from state_reduction.pruning.types import KeyChannelSelection
 
 
@@ -32,24 +32,72 @@ class LoadedSelection:
 
 
 def load_selection(path: str | Path) -> LoadedSelection:
-    """A pruned model folder (holding selection.json) or a selection.json file."""
+    """A pruned model folder (holding selection.json) or a selection.json file, validated (validate_keep)."""
     path = Path(path)
     file = path / "selection.json" if path.is_dir() else path
     if not file.is_file():
         raise MissingInputError(f"selection: {path} is neither a pruned model folder with selection.json nor a JSON file")
-    record = json.loads(file.read_text())
+    try:
+        record = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"selection: {file} is not valid JSON ({e})", hint=_REDO) from None
+    if not isinstance(record, dict):
+        raise InputError(f"selection: {file} is not a JSON object", hint=_REDO)
     missing = [k for k in ("model_type", "key_heads", "key_dim_before", "key_dim_after", "selection") if k not in record]
     if missing:
         raise InputError(f"selection: {file} lacks {', '.join(missing)} (not written by `state-reduction prune`?)")
+    for k in ("key_heads", "key_dim_before", "key_dim_after"):
+        if not _is_int(record[k]) or record[k] < 1:
+            raise InputError(f"selection: {file}: {k} must be a positive integer, got {record[k]!r}", hint=_REDO)
+    if not isinstance(record["selection"], dict) or not record["selection"]:
+        raise InputError(f"selection: {file}: `selection` must map layer -> {{keep: [[...] per head]}}", hint=_REDO)
     keep = {}
     for layer, entry in record["selection"].items():
-        if "keep" not in entry:
+        if not isinstance(entry, dict) or "keep" not in entry:
             raise InputError(f"selection: {file} layer {layer} holds a rotation (PCA), not kept channel indices; "
                              f"conditioning, overlap and masking need axis-aligned selections")
-        keep[int(layer)] = torch.tensor(entry["keep"], dtype=torch.long)
+        try:
+            layer_index = int(layer)
+        except ValueError:
+            raise InputError(f"selection: {file}: layer key {layer!r} is not an integer", hint=_REDO) from None
+        keep[layer_index] = validate_keep(entry["keep"], file, layer, int(record["key_heads"]),
+                                          int(record["key_dim_before"]), int(record["key_dim_after"]))
     model_dir = str(file.parent) if (file.parent / "config.json").is_file() else None
     return LoadedSelection(str(file), record["model_type"], int(record["key_heads"]), int(record["key_dim_before"]),
                            int(record["key_dim_after"]), keep, (record.get("config") or {}).get("method"), model_dir)
+
+
+_REDO = "re-create it with `state-reduction prune` (a hand-edited or damaged selection changes every analysis)"
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def validate_keep(keep, file, layer, heads: int, key_dim: int, kept: int) -> torch.Tensor:
+    """Kept channel indices of one layer: `heads` lists of `kept` integers, each in [0, key_dim), unique and
+    sorted ascending (as every selector writes them); the first violation names the file, layer and head."""
+    where = f"selection: {file} layer {layer}"
+    if not isinstance(keep, list) or len(keep) != heads:
+        n = len(keep) if isinstance(keep, list) else type(keep).__name__
+        raise InputError(f"{where}: keep must hold one list per key head ({heads}), got {n}", hint=_REDO)
+    for h, row in enumerate(keep):
+        if not isinstance(row, list) or len(row) != kept:
+            n = len(row) if isinstance(row, list) else type(row).__name__
+            raise InputError(f"{where} head {h}: {n} indices, key_dim_after says {kept} (ragged selection)", hint=_REDO)
+        bad = next((x for x in row if not _is_int(x)), None)
+        if bad is not None:
+            raise InputError(f"{where} head {h}: index {bad!r} is not an integer", hint=_REDO)
+        out = next((x for x in row if not 0 <= x < key_dim), None)
+        if out is not None:
+            raise InputError(f"{where} head {h}: index {out} outside [0, {key_dim}) (key_dim_before {key_dim})",
+                             hint=_REDO)
+        if len(set(row)) != len(row):
+            dup = sorted({x for x in row if row.count(x) > 1})
+            raise InputError(f"{where} head {h}: indices {dup} appear more than once", hint=_REDO)
+        if row != sorted(row):
+            raise InputError(f"{where} head {h}: indices are not sorted ascending", hint=_REDO)
+    return torch.tensor(keep, dtype=torch.long)
 
 
 def check_fits(selection: LoadedSelection, model_name: str, model_type: str, layers: list[int], heads: int,

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from state_reduction.errors import InputError
 from state_reduction.atomic import write_bytes_atomic
 from state_reduction.data.corpora import load_corpus, tiny_documents
 from state_reduction.data.fetch import resolve_data_dir
 from state_reduction.data.partition import bucket, partition_groups, unit_interval
 from state_reduction.data.registry import get_corpus_info
+from state_reduction.errors import InputError
 
 STREAMS = ("pretrain", "calibration", "finetune", "evaluation")
 # Shares of the train split's characters; evaluation uses the held-out splits instead.

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from state_reduction.errors import InputError
 from state_reduction.atomic import write_bytes_atomic, write_json_atomic
 from state_reduction.data import get_corpus_info, load_corpus, resolve_data_dir
+from state_reduction.errors import InputError
 
 BUILD_VERSION = 1
 SEED = 0

@@ -210,16 +210,14 @@ class HeapPeak(TorchDispatchMode):
 def measure(path: str, n_calib: int = 8, seq_len: int = 256, batch_size: int = 4, seed: int = 0) -> dict:
     """Heap peaks (bytes above the loaded model) of calibration on CPU for a checkpoint, all at once and streamed,
     without and with gradients, on random token windows (memory does not depend on the tokens)."""
-    from transformers import AutoModelForCausalLM
-
-    import state_reduction  # noqa: F401
     from state_reduction.backend import install_cpu_backend
+    from state_reduction.checkpoints import load_model
     from state_reduction.pruning.adapters import get_adapter
     from state_reduction.pruning.calibration import calibrate
     from state_reduction.pruning.streaming import calibrate_streaming
 
     install_cpu_backend()
-    model = AutoModelForCausalLM.from_pretrained(path)
+    model = load_model(path)
     adapter = get_adapter(model)
     windows = torch.randint(0, model.config.vocab_size, (n_calib, seq_len),
                             generator=torch.Generator().manual_seed(seed))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from state_reduction.errors import InputError
 from state_reduction.atomic import check_output
+from state_reduction.errors import InputError
 from state_reduction.pruning.selectors import MODES, get_selector, keep_count, select
 
 # What each selector reads from calibration (rand and l1 use the weights only).
@@ -67,11 +67,11 @@ def _peak_memory_bytes() -> int:
 def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = None) -> dict:
     """Prune `cfg.model` and publish the checkpoint with selection.json as `cfg.out`; returns the record.
     `write_extra(folder, record)` adds files (the result) to the folder before it is published."""
+    from state_reduction.atomic import write_json_atomic
     from state_reduction.backend import install_cpu_backend
     from state_reduction.checkpoints import load_config, load_model, load_tokenizer
-    from state_reduction.evaluation.longctx import check_length_option
     from state_reduction.data import get_corpus_info, sample_sequences
-    from state_reduction.atomic import write_json_atomic
+    from state_reduction.evaluation.longctx import check_length_option
     from state_reduction.provenance import collect_provenance
     from state_reduction.pruning.adapters import get_adapter
     from state_reduction.pruning.calibration import calibrate

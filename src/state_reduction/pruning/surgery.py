@@ -8,8 +8,8 @@ from pathlib import Path
 
 from torch import nn
 
-from state_reduction.errors import InputError
 from state_reduction.checkpoints import save_model_atomic
+from state_reduction.errors import InputError
 from state_reduction.pruning.adapters import get_adapter
 from state_reduction.pruning.types import KeyChannelSelection
 

@@ -395,17 +395,20 @@ def run_rft(cfg: RFTConfig, *, stop_after: int | None = None) -> dict:
 
 
 def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
-    from transformers import AutoTokenizer
-
+    from state_reduction.atomic import check_output, remove_stale
     from state_reduction.backend import install_cpu_backend
+    from state_reduction.checkpoints import load_tokenizer
     from state_reduction.results import build_result, model_entry, write_result
     from state_reduction.training.pretrain import batch_indices, lr_factor
 
     t_start = time.time()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
+    out = check_output(cfg.out, directory=True, overwrite=True)  # a run folder, resumed or started over below
     out.mkdir(parents=True, exist_ok=True)
+    if ctx.main:  # what a killed attempt left half-written
+        remove_stale(out)
+        remove_stale(out / Path(STATE_FILE).parent)
     done = _prepare_out(cfg, out, ctx)
     if done is not None:
         return done
@@ -418,7 +421,7 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
 
     install_cpu_backend()
     student = load_causal_lm(cfg.student, "student")
-    tokenizer = AutoTokenizer.from_pretrained(cfg.student)
+    tokenizer = load_tokenizer(cfg.student, "student")
     teacher = None
     if cfg.teacher is not None:
         teacher = load_causal_lm(cfg.teacher, "teacher")

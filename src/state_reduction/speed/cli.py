@@ -167,8 +167,8 @@ def _state_memory_record(args) -> dict:
 
 
 def _cmd_calibration(args) -> int:
-    from state_reduction.bench import bench_calibration, format_calibration
     from state_reduction.atomic import write_json_atomic
+    from state_reduction.bench import bench_calibration, format_calibration
     from state_reduction.provenance import collect_provenance
 
     rows = bench_calibration(args.model, sizes=args.sizes, seq_len=args.seq_len or 256, batch_size=args.batch_size,

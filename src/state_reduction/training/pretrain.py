@@ -20,10 +20,10 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from state_reduction.errors import InputError
-from state_reduction.checkpoints import save_model_atomic
-from state_reduction.models import build_model, get_family
 from state_reduction.atomic import save_torch_atomic, write_json_atomic
+from state_reduction.checkpoints import save_model_atomic
+from state_reduction.errors import InputError
+from state_reduction.models import build_model, get_family
 from state_reduction.provenance import collect_provenance
 
 EVAL_CORPORA = ("ptb", "wiki")
