@@ -132,3 +132,13 @@ def test_check_output_under_a_file(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(OutputError, match="is a file, so no folder"):
         check_output(tmp_path / "f" / "sub" / "o", directory=True)
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "two-renames"])
+def test_overwrite_paths_both_publish(tmp_path, monkeypatch, exchange):
+    monkeypatch.setattr(atomic, "_EXCHANGE", exchange)
+    publish_folder(tmp_path / "m", fill("old"))
+    publish_folder(tmp_path / "m", fill("new"), overwrite=True)
+    assert (tmp_path / "m" / "a.txt").read_text() == "new" and is_complete(tmp_path / "m")
+    assert temporaries(tmp_path) == []
+

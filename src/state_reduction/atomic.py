@@ -4,9 +4,10 @@
 success the contents are fsynced and published by a rename, the last step:
 
 - a file replaces its target in one `os.replace`: a reader sees the old file or the new one, never half;
-- a folder gets a completion marker (MARKER, written last, listing every file and its size), then the old
-  folder, if any, is renamed aside, the new one renamed in, and the old one deleted. A kill between the two
-  renames leaves the old folder aside; the next publish in that parent renames it back.
+- a folder gets a completion marker (MARKER, written last, listing every file and its size), then it is
+  renamed in; an existing folder is swapped with it in one step (renameat2 RENAME_EXCHANGE) and deleted after.
+  Where the filesystem cannot swap, the old folder is renamed aside, the new one renamed in, and the old one
+  deleted; a kill between those two renames leaves the old folder aside and the next run renames it back.
 
 Temporary and set-aside names are `.NAME.HOST.PID.RAND.tmp|old`; `remove_stale(parent)` deletes those of
 processes of this host that no longer exist (restoring an old folder whose target is missing), and runs at
@@ -181,6 +182,46 @@ def check_output(target: str | os.PathLike, *, directory: bool, overwrite: bool 
 
 
 # -- publishing -----------------------------------------------------------------------------------------------
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where the OS or filesystem cannot."""
+    global _libc
+    if _libc is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            _libc.renameat2  # noqa: B018  (glibc >= 2.28)
+        except (OSError, AttributeError):
+            _libc = False
+    if not _libc or not _EXCHANGE:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return _libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+_libc = None
+_EXCHANGE = True  # tests switch it off to exercise the two-rename path
+
+
+def _replace_folder(tmp: Path, target: Path) -> None:
+    """Put the complete folder `tmp` in place of the existing `target`, whose old contents are deleted after.
+    Where the kernel can swap the two names atomically, `target` is never absent and `tmp` then holds the old
+    folder; else the old folder is renamed aside first and remove_stale restores it if a kill intervenes."""
+    if _exchange(tmp, target):
+        _fsync_path(target.parent)
+        fault_point("publish:swapped")
+        shutil.rmtree(tmp)
+        return
+    old = _sibling(target, "old")
+    os.rename(target, old)
+    fault_point("publish:old-aside")
+    os.rename(tmp, target)
+    _fsync_path(target.parent)
+    fault_point("publish:renamed")
+    shutil.rmtree(old)
+
+
 @contextlib.contextmanager
 def publishing(target: str | os.PathLike, *, directory: bool, overwrite: bool = True,
                option: str = "output") -> Iterator[Path]:
@@ -210,16 +251,12 @@ def publishing(target: str | os.PathLike, *, directory: bool, overwrite: bool = 
         else:
             _fsync_path(tmp)
         fault_point("publish:synced")
-        old = None
         if directory and target.exists():
-            old = _sibling(target, "old")
-            os.rename(target, old)
-            fault_point("publish:old-aside")
-        os.replace(tmp, target)
-        _fsync_path(target.parent)
-        fault_point("publish:renamed")
-        if old is not None:
-            shutil.rmtree(old)
+            _replace_folder(tmp, target)
+        else:
+            os.replace(tmp, target)
+            _fsync_path(target.parent)
+            fault_point("publish:renamed")
     except BaseException:
         _remove(tmp)
         raise

@@ -30,6 +30,24 @@ def test_build_is_deterministic(tmp_path, manifest):
     assert set(manifest["tasks"]) == set(TASKS) == set(TINY_METRICS)
 
 
+def test_a_copied_data_dir_reads_its_own_files(tmp_path):
+    """manifest.json names its files relative to its folder: a copy of the data directory never reads the
+    original's files (issue 21)."""
+    import shutil
+
+    src = resolve_data_dir()
+    (tmp_path / "a" / "corpora").parent.mkdir()
+    (tmp_path / "a" / "corpora").symlink_to(src / "corpora")
+    build_tiny_suite(tmp_path / "a")
+    on_disk = json.loads((tmp_path / "a" / "eval" / "tiny" / "manifest.json").read_text())
+    assert all(not Path(t["data_file"]).is_absolute() for t in on_disk["tasks"].values())
+    shutil.copytree(tmp_path / "a", tmp_path / "b", symlinks=True)
+    shutil.rmtree(tmp_path / "a" / "eval")
+    copied = build_tiny_suite(tmp_path / "b")
+    assert all(Path(t["data_file"]).parent == tmp_path / "b" / "eval" / "tiny" and Path(t["data_file"]).is_file()
+               for t in copied["tasks"].values())
+
+
 def _rows(manifest, task):
     return [json.loads(line) for line in Path(manifest["tasks"][task]["data_file"]).read_text().splitlines()]
 
