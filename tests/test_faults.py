@@ -176,6 +176,16 @@ CASES = [
     Case("evaluate-max-length-100000", lambda w: ["evaluate", str(w["model"]), "--suite", "tiny_ppl", "--max-length",
                                                   "100000", "--out", str(w["out_json"])],
          ("--max-length 100000", "training length 64"), untouched=lambda w: [w["out_json"]]),
+    # what already held before issue 21 stays so
+    Case("prune-method-typo", lambda w: ["prune", str(w["model"]), "--method", "drqr", "--ratio", "0.5",
+                                         "--out", str(w["out"])], ("did you mean 'drrqr'",)),
+    Case("prune-unknown-corpus", lambda w: ["prune", str(w["model"]), "--method", "wanda", "--ratio", "0.5",
+                                            "--calib", "nocorpus", "--n-calib", "1", "--seq-len", "16",
+                                            "--out", str(w["out"])], ("nocorpus",)),
+    Case("evaluate-unknown-suite", lambda w: ["evaluate", str(w["model"]), "--suite", "tinny", "--out",
+                                              str(w["out_json"])], ("tinny",), untouched=lambda w: [w["out_json"]]),
+    Case("rft-without-teacher-choice", lambda w: ["rft", str(w["pruned"]), "--out", str(w["out"]), *RFT],
+         ("--teacher", "--no-teacher")),
     # selections read by analyze
     *[Case(f"selection-{name}", lambda w: ["analyze", str(w["model"]), "--selection", str(w["tmp"] / "pruned_bad"),
                                            "--n-calib", "1", "--seq-len", "16", "--out", str(w["out_json"])],

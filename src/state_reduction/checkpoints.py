@@ -58,9 +58,9 @@ def check_safetensors(file: Path) -> list[str]:
     return [k for k in header if k != "__metadata__"]
 
 
-def check_checkpoint_files(path: str | os.PathLike, what: str = "model") -> Path:
-    """A local checkpoint folder: it exists, its config.json is a JSON object with a model_type, and every
-    *.safetensors file is whole."""
+def check_checkpoint_files(path: str | os.PathLike, what: str = "model", weights: bool = True) -> Path:
+    """A local checkpoint folder: it exists, its config.json is a JSON object with a model_type, and (`weights`)
+    it has weights and every *.safetensors file is whole."""
     folder = Path(path)
     if not folder.is_dir():
         raise InputError(f"{what} {path} does not exist" if not folder.exists() else f"{what} {path} is not a folder",
@@ -75,6 +75,8 @@ def check_checkpoint_files(path: str | os.PathLike, what: str = "model") -> Path
         raise InputError(f"{what} {cfg} is not valid JSON ({e})", hint=RECREATE) from None
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise InputError(f"{what} {cfg} has no model_type", hint=RECREATE)
+    if not weights:
+        return folder
     files = sorted(folder.glob("*.safetensors"))
     if not files and not list(folder.glob("*.bin")):
         raise InputError(f"{what} {path} holds no *.safetensors weights", hint=RECREATE)
@@ -104,7 +106,7 @@ def load_config(path: str, what: str = "model"):
     import state_reduction  # noqa: F401  (Auto-class registration)
 
     if is_local_path(path):
-        check_checkpoint_files(path, what)
+        check_checkpoint_files(path, what, weights=False)
     try:
         return AutoConfig.from_pretrained(path)
     except LOAD_ERRORS as e:
@@ -119,6 +121,8 @@ def load_model(path: str, what: str = "model", **kwargs):
     import state_reduction  # noqa: F401  (Auto-class registration)
 
     load_config(path, what)
+    if is_local_path(path):
+        check_checkpoint_files(path, what)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except LOAD_ERRORS as e:
