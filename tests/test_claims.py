@@ -136,3 +136,28 @@ def test_cli_prints_verdicts_and_one_line_errors(experiment, capsys):
 def test_every_readme_verdict_block_is_current(experiment_name):
     """The README block of every experiment with claims equals the one generated from its committed evidence."""
     assert claims.check_readme(experiment_name, "tiny") == []
+
+
+def test_fixed_rhs_and_pairing_rows_without_the_field(experiment, tmp_path):
+    """A deterministic dense evaluation is a fixed value; the pipeline's first replicate has no seed field."""
+    declare, _, _ = experiment
+    root = tmp_path / "fixed"
+    for name, config, v in (("base", {"method": "baseline"}, 100.0),
+                            ("a0", {"method": "drrqr"}, 104.0), ("a1", {"method": "drrqr", "vary": {"seed": 1}}, 105.0),
+                            ("a2", {"method": "drrqr", "vary": {"seed": 2}}, 104.5),
+                            ("b0", {"method": "l1"}, 110.0), ("b1", {"method": "l1", "vary": {"seed": 1}}, 111.0),
+                            ("b2", {"method": "l1", "vary": {"seed": 2}}, 109.0)):
+        write_result(root / "tiny" / "toy" / f"{name}.json",
+                     build_result("evaluate", profile="tiny", experiment="toy", config=config,
+                                  metrics={"wiki_ppl": v}, model=None, data={}, seeds={}, wall_time_s=0.0))
+    side = (lambda m: {"kind": "evaluate", "where": {"method": m}, "metric": "wiki_ppl"})
+    declare({"id": "within_10pct_of_dense", "text": "t", "lhs": side("drrqr"), "op": "<", "rhs": side("baseline"),
+             "rhs_fixed": True, "relative": True, "margin": 0.10},
+            {"id": "paired", "text": "t", "lhs": side("drrqr"), "op": "<", "rhs": side("l1"), "pair_by": "seed"})
+    v = {x.claim.id: x for x in claims.evaluate_claims("toy", "tiny", root)}
+    assert v["within_10pct_of_dense"].rhs == 100.0 and v["within_10pct_of_dense"].status == HOLDS
+    assert v["within_10pct_of_dense"].diff.mean == pytest.approx(0.045)
+    assert v["paired"].diff.n == 3 and v["paired"].status == HOLDS  # pairs (default), 1, 2
+    declare({"id": "not_fixed", "text": "t", "lhs": side("drrqr"), "op": "<", "rhs": side("l1"), "rhs_fixed": True})
+    with pytest.raises(ClaimError, match="rhs_fixed, but the rhs has 3 results"):
+        claims.evaluate_claims("toy", "tiny", root)
