@@ -44,7 +44,9 @@ from pathlib import Path
 
 import yaml
 
-from state_reduction.provenance import REPO_ROOT, write_json_atomic
+from state_reduction.atomic import write_json_atomic, write_text_atomic
+from state_reduction.errors import Error
+from state_reduction.provenance import REPO_ROOT
 from state_reduction.stats import LEVEL, Interval, diff_ci, mean_ci
 
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
@@ -58,7 +60,7 @@ EVIDENCE_SCHEMA = "state-reduction/verdicts"
 DEFAULT_PAIR = "(default)"
 
 
-class ClaimError(ValueError):
+class ClaimError(Error, ValueError):
     """A claim is malformed or refers to results that do not exist; the message names the claim and the file."""
 
 
@@ -438,7 +440,7 @@ def write_verdicts(experiment: str, profile: str = "tiny", results_root=None) ->
         "claims": [{"definition": v.claim.definition(), "samples": v.samples, "status": v.status}
                    for v in verdicts]})
     readme = readme_path(experiment)
-    readme.write_text(replace_block(readme.read_text(), render_block(experiment, profile, verdicts), str(readme)))
+    write_text_atomic(readme, replace_block(readme.read_text(), render_block(experiment, profile, verdicts), str(readme)))
     return verdicts
 
 

@@ -17,6 +17,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from state_reduction.atomic import write_text_atomic
 from state_reduction.provenance import REPO_ROOT
 from state_reduction.results import ResultsError, read_result, results_dir
 
@@ -109,7 +110,7 @@ def build_dashboard(profile: str = "tiny", root=None, out: Path | None = None) -
     by_experiment, skipped = collect_profile(profile, root)
     out = Path(out) if out else results_dir(profile, "x", root).parent / "dashboard.html"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(profile, by_experiment, skipped))
+    write_text_atomic(out, render_html(profile, by_experiment, skipped))
     return out
 
 

@@ -35,7 +35,7 @@ from state_reduction.pipeline import (
     profile_spec,
     task_jobs,
 )
-from state_reduction.atomic import write_json_atomic
+from state_reduction.atomic import write_json_atomic, write_text_atomic
 from state_reduction.provenance import REPO_ROOT
 from state_reduction.results import config_key, read_result, results_dir
 
@@ -119,7 +119,7 @@ def render_script(experiment: str, profile: str, tables=None) -> str:
 def generate(experiment: str, profile: str, tables=None, out: str | Path | None = None) -> Path:
     path = Path(out) if out else default_script(experiment, profile)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_script(experiment, profile, tables))
+    write_text_atomic(path, render_script(experiment, profile, tables))
     path.chmod(0o755)
     return path
 

@@ -178,3 +178,18 @@ def test_micro_batches_accumulate_to_the_full_batch(tmp_path, pruned_deltanet, d
     for ra, rb in zip(a["history"], b["history"]):
         assert abs(ra["loss"] - rb["loss"]) <= 1e-5 * ra["loss"]
     assert max((a["trainable"][k] - b["trainable"][k]).abs().max().item() for k in a["trainable"]) <= 1e-5
+
+
+def test_resume_with_no_steps_left_reports_the_runs_throughput(merged_run, tmp_path):
+    """Killed after its last checkpoint, before the result: the resumed run trains no step, and its tokens/s is
+    that of the steps it did train (issue 21: it was 0)."""
+    import shutil
+
+    cfg, record = merged_run
+    run = tmp_path / "run"
+    shutil.copytree(cfg.out, run)
+    (run / "rft_result.json").unlink()
+    again = run_rft(type(cfg)(**{**cfg.to_dict(), "adam_betas": tuple(cfg.adam_betas), "out": str(run), "resume": True}))
+    assert again["metrics"]["steps"] == record["metrics"]["steps"]
+    assert again["metrics"]["tokens_per_s"] > 0
+    assert again["metrics"]["final_loss"] == record["metrics"]["final_loss"]

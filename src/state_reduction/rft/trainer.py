@@ -361,6 +361,7 @@ class _Logger:
 def _prepare_out(cfg: RFTConfig, out: Path, ctx: DistContext) -> dict | None:
     """Refuse to clobber a run. overwrite: start over. resume: return the finished result of the same
     config if there is one (else the checkpoint, if any, is continued)."""
+    from state_reduction.atomic import is_complete
     from state_reduction.results import read_result
 
     state_path = out / STATE_FILE
@@ -371,7 +372,7 @@ def _prepare_out(cfg: RFTConfig, out: Path, ctx: DistContext) -> dict | None:
                 (out / name).unlink(missing_ok=True)
         ctx.barrier()
         return None
-    if cfg.resume and result_path.exists() and (out / MODEL_DIR).exists():
+    if cfg.resume and result_path.exists() and is_complete(out / MODEL_DIR):  # done = marker and result
         record = read_result(result_path)
         if record.get("extra", {}).get("config_hash") == cfg.hash():
             return record
@@ -395,7 +396,7 @@ def run_rft(cfg: RFTConfig, *, stop_after: int | None = None) -> dict:
 
 
 def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
-    from state_reduction.atomic import check_output, remove_stale
+    from state_reduction.atomic import check_output, remove_stale, write_text_atomic
     from state_reduction.backend import install_cpu_backend
     from state_reduction.checkpoints import load_tokenizer
     from state_reduction.results import build_result, model_entry, write_result
@@ -487,7 +488,7 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
         step, wall_before, history = state["step"], state["wall_s"], list(state["history"])
         if ctx.main and (out / LOG_FILE).exists():  # drop lines the interrupted attempt logged after the checkpoint
             kept = [ln for ln in (out / LOG_FILE).read_text().splitlines() if json.loads(ln)["step"] <= step]
-            (out / LOG_FILE).write_text("".join(ln + "\n" for ln in kept))
+            write_text_atomic(out / LOG_FILE, "".join(ln + "\n" for ln in kept))
     elif ctx.main:
         (out / LOG_FILE).unlink(missing_ok=True)
     ctx.barrier()

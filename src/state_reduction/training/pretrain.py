@@ -20,7 +20,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from state_reduction.atomic import save_torch_atomic, write_json_atomic
+from state_reduction.atomic import save_torch_atomic, write_json_atomic, write_text_atomic
 from state_reduction.checkpoints import save_model_atomic
 from state_reduction.errors import InputError
 from state_reduction.models import build_model, get_family
@@ -208,7 +208,7 @@ def train(model, windows: torch.Tensor, cfg: PretrainConfig, run_dir: Path, devi
         step, wall_before = state["step"], state["wall_s"]
         if log_path.exists():  # drop lines logged after the checkpoint by the interrupted attempt
             kept = [ln for ln in log_path.read_text().splitlines() if json.loads(ln)["step"] <= step]
-            log_path.write_text("".join(ln + "\n" for ln in kept))
+            write_text_atomic(log_path, "".join(ln + "\n" for ln in kept))
     elif log_path.exists():
         log_path.unlink()
 
