@@ -253,6 +253,7 @@ def _run_cli(code: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch and transformers: 5-45 s depending on the machine's load
 def test_console_expected_failure_is_one_line_exit_2(tmp_path):
     proc = _run_cli("import sys; from state_reduction.cli import main; "
                     f"sys.exit(main(['prune', {str(tmp_path / 'none')!r}, '--method', 'l1', '--ratio', '0.5', "
@@ -261,6 +262,7 @@ def test_console_expected_failure_is_one_line_exit_2(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.slow
 def test_console_unexpected_exception_keeps_its_traceback_exit_1():
     proc = _run_cli("import sys, state_reduction.cli as c; c._cmd_data = lambda args: 1 / 0; sys.exit(c.main(['data']))")
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "ZeroDivisionError" in proc.stderr
