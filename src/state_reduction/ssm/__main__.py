@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--config", default="experiments/aire_home/config.yaml")
     s.add_argument("--checkpoints", default="experiments/aire_home/checkpoints")
     s.add_argument("--profile", default="tiny")
+    s.add_argument("--seed", type=int, action="append", help="only this training seed (repeatable; parallel sweeps)")
     r = sub.add_parser("render", help="Figures 6 and 7 and the summary table from the results")
     r.add_argument("--config", default="experiments/aire_home/config.yaml")
     r.add_argument("--profile", default="tiny")
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{record['test_majority_class_accuracy']:.4f}), {record['wall_time_s']} s", flush=True)
     elif args.command == "sweep":
         from state_reduction.ssm.experiment import run_home_sweep
-        run_home_sweep(args.config, args.checkpoints, args.profile)
+        run_home_sweep(args.config, args.checkpoints, args.profile, seeds=args.seed)
     else:
         from state_reduction.ssm.experiment import render_home
         render_home(args.config, args.profile)
