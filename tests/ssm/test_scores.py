@@ -80,3 +80,11 @@ def test_select_modes_unknown_method_and_bad_ratio():
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         select_modes("aire", systems, 1.0)
     assert [k.all() for k in select_modes("last", systems, 0.0)] == [True]
+
+
+def test_max_ratio_within_stops_at_the_first_grid_point_over_tolerance():
+    from state_reduction.ssm.experiment import max_ratio_within
+    ratios = [0.0, 0.05, 0.1, 0.15, 0.2]
+    assert max_ratio_within(ratios, [0.0, 0.004, 0.01, 0.02, 0.0], 0.01) == 0.1   # 0.2 is back within, not counted
+    assert max_ratio_within(ratios, [0.0, 0.05, 0.0, 0.0, 0.0], 0.01) == 0.0
+    assert max_ratio_within(list(reversed(ratios)), [0.0] * 5, 0.01) == 0.2

@@ -82,12 +82,12 @@ def run_home_sweep(config_path: str | Path, checkpoints: str | Path, profile: st
     _check_profile(profile)
     cfg = _config(config_path)
     out_dir = results_dir(profile, EXPERIMENT)
-    seeds: dict[int, _Seed] = {}
+    loaded: dict[int, _Seed] = {}
 
     def seed_state(seed: int) -> _Seed:
-        if seed not in seeds:
-            seeds[seed] = _Seed(Path(checkpoints) / f"seed{seed}")
-        return seeds[seed]
+        if seed not in loaded:
+            loaded[seed] = _Seed(Path(checkpoints) / f"seed{seed}")
+        return loaded[seed]
 
     cells = []
     for seed in seeds or cfg["training_seeds"]:
