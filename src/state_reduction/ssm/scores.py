@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from state_reduction.pruning.budgets import layer_normalise  # noqa: F401  (one normalisation for both settings)
+
 EPS = 1e-8
 
 
@@ -31,16 +33,6 @@ def aire_energy(lam_bar: torch.Tensor, b_bar: torch.Tensor, c: torch.Tensor) -> 
 def hinf_score(lam_bar: torch.Tensor, b_bar: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """Squared H-infinity norm of each mode [P] (LAST)."""
     return c.abs().pow(2).sum(0) * b_bar.abs().pow(2).sum(1) / (1 - lam_bar.abs()).pow(2)
-
-
-def layer_normalise(scores: torch.Tensor) -> torch.Tensor:
-    """s_(j) / sum_{k >= j} s_(k) in ascending order, returned in the original order; the top mode gets 1."""
-    order = torch.argsort(scores, stable=True)
-    ascending = scores[order]
-    tail = torch.flip(torch.cumsum(torch.flip(ascending, [0]), 0), [0])   # sum of itself and all larger
-    out = torch.empty_like(scores)
-    out[order] = ascending / tail
-    return out
 
 
 def keep_top(scores: torch.Tensor, n_keep: int) -> torch.Tensor:
