@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("prune", help="remove key channels per head (state reduction) and save the smaller model")
     pr.add_argument("model", help="checkpoint directory (or hub id on the paper profile)")
-    pr.add_argument("--method", required=True, help="rand, l1, wanda, grad, drrqr, pca, pca-adv")
+    pr.add_argument("--method", required=True, help="rand, l1, wanda, grad, drrqr, pca, pca-adv, energy")
     pr.add_argument("--ratio", type=float, required=True, help="fraction of key channels removed, in [0, 1)")
     pr.add_argument("--select", default="kq", help="coupled selection: kq (default), k or q (Table 16)")
     pr.add_argument("--calib", default="ptb", help="calibration corpus (its calibration stream)")

@@ -57,7 +57,7 @@ def test_every_method_family_mode_and_ratio(tmp_path, family, method, mode, rati
             assert sel["rotation_shape"][1:] == [kept, 64]
         else:
             assert all(len(head) == kept and head == sorted(set(head)) for head in sel["keep"])
-    if method in {"wanda", "grad", "drrqr", "pca", "pca-adv"}:
+    if method in {"wanda", "grad", "drrqr", "pca", "pca-adv", "energy"}:
         assert record["calibration"]["tokens"] == 2 * 64 and record["calibration"]["sha256"]
 
 

@@ -1,3 +1,4 @@
+import math
 import re
 import warnings
 
@@ -311,3 +312,51 @@ def test_errors(setup):
         select("drrqr", short, w_q, w_k, 4, "kq", gen(0), 0)
     with pytest.raises(ValueError, match="rand needs a seeded torch.Generator"):
         select("rand", None, w_q, w_k, 4, "kq", None, 0)
+
+
+def _with_dynamics(stats: LayerCalibration, normalised: bool, decay: bool = True) -> LayerCalibration:
+    import dataclasses
+    g = gen(5)
+    rho = torch.rand(H, generator=g, dtype=torch.float64) * 0.9 + 0.05
+    return dataclasses.replace(stats, decay_sq=rho * stats.n_tokens if decay else None,
+                               gain_sq=torch.rand(H, generator=g, dtype=torch.float64) * stats.n_tokens,
+                               horizon=64, qk_l2_normalised=normalised)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("normalised", [True, False])
+def test_energy_matches_direct_moments(setup, mode, normalised):
+    from state_reduction.pruning.selectors import energy_scores
+    w_q, w_k, q, k, x, stats = setup
+    stats = _with_dynamics(stats, normalised)
+    acts = {"q": q, "k": k}
+    if normalised:
+        acts = {s: a / a.norm(dim=-1, keepdim=True) for s, a in acts.items()}
+    channel = math.prod(acts[s].pow(2).mean(0) for s in uses(mode))                     # [H, K]
+    rho, gain = stats.decay_sq / N, stats.gain_sq / N
+    head = gain * sum(rho ** tau for tau in range(64))                                   # the truncated lag sum
+    want = channel * head[:, None]
+    torch.testing.assert_close(energy_scores(stats, H, K, mode), want, rtol=1e-10, atol=0)
+    sel = select("energy", stats, w_q, w_k, 5, mode)
+    assert sel.keep.tolist() == top_by_loop(want.tolist(), 5)
+
+
+def test_energy_without_decay_uses_the_horizon_and_tends_to_aire_for_long_horizons(setup):
+    import dataclasses
+
+    from state_reduction.pruning.selectors import energy_scores
+    _, _, q, k, _, stats = setup
+    base = _with_dynamics(stats, True, decay=False)
+    ratio = energy_scores(base, H, K) / energy_scores(dataclasses.replace(base, horizon=1), H, K)
+    torch.testing.assert_close(ratio, torch.full((H, K), 64.0, dtype=torch.float64))
+    long = _with_dynamics(stats, True)
+    long = dataclasses.replace(long, horizon=100000)
+    rho = long.decay_sq / N
+    ratio = energy_scores(long, H, K) / energy_scores(dataclasses.replace(long, horizon=1), H, K)
+    torch.testing.assert_close(ratio, (1 / (1 - rho))[:, None].expand(H, K))
+
+
+def test_energy_needs_calibration(setup):
+    w_q, w_k, *_ , stats = setup
+    with pytest.raises(ValueError, match="energy needs .*horizon"):
+        select("energy", stats, w_q, w_k, 4)

@@ -50,6 +50,11 @@ def test_streamed_statistics_and_selections_equal_all_at_once(family):
             assert torch.equal(getattr(streamed[layer], name), getattr(s, name)), (layer, name)
             if not name.startswith("saliency"):
                 assert torch.equal(getattr(streamed_forward[layer], name), getattr(full_forward[layer], name)), name
+        for name in ("decay_sq", "gain_sq"):  # head dynamics (energy): None where the family has none
+            for a, b in ((full, streamed), (full_forward, streamed_forward)):
+                a, b = getattr(a[layer], name), getattr(b[layer], name)
+                assert (a is None and b is None) or torch.equal(a, b), (layer, name)
+        assert streamed[layer].horizon == s.horizon == windows.shape[1]
         assert streamed_forward[layer].saliency_q is None
 
     _, K = adapter.key_heads(model.config)

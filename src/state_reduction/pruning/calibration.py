@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from state_reduction.errors import InputError
+from state_reduction.pruning.dynamics import accumulate, add_dynamics_hooks
 from state_reduction.pruning.types import KeyChannelAdapter, LayerCalibration
 
 NEEDS_GRADIENTS = frozenset({"grad"})
@@ -36,6 +37,22 @@ def _accumulate_input(stats: LayerCalibration, x: torch.Tensor) -> None:
     """x: [B, T, d_in], the input of the q/k projections."""
     sq = x.detach().double().pow(2).sum(dim=(0, 1))
     stats.input_sq = sq if stats.input_sq is None else stats.input_sq + sq
+
+
+def dynamics_hooks(adapter: KeyChannelAdapter, ref, stats: LayerCalibration, horizon: int, active=lambda: True) -> list:
+    """Hooks accumulating the decay and input gain of `ref`'s heads (pruning.dynamics) into `stats`, and the
+    facts the energy selector reads (horizon, whether q/k are L2-normalised); `active()` gates accumulation."""
+    stats.horizon = int(horizon)
+    stats.qk_l2_normalised = bool(adapter.qk_l2_normalised(ref.module))
+    if adapter.dynamics is None:
+        return []
+    key_heads = adapter.qk_weights(ref.module)[0].shape[0]
+
+    def on_dynamics(name, value):
+        if active():
+            accumulate(stats, name, value)
+
+    return add_dynamics_hooks(adapter.dynamics, ref.module, key_heads, on_dynamics)
 
 
 def _rows_of(mixer, view: torch.Tensor, where: str) -> tuple[torch.nn.Parameter, slice]:
@@ -92,10 +109,11 @@ class QKGradients:
 def check_finite(stats: dict[int, LayerCalibration]) -> None:
     """NaN or Inf anywhere stops calibration with the layer, statistic and head."""
     for layer, s in stats.items():
-        for name in ("gram_q", "gram_k", "sum_q", "sum_k", "sum_qq", "sum_kk", "saliency_q", "saliency_k"):
+        for name in ("gram_q", "gram_k", "sum_q", "sum_k", "sum_qq", "sum_kk", "saliency_q", "saliency_k",
+                     "decay_sq", "gain_sq"):
             t = getattr(s, name)
             if t is not None and not torch.isfinite(t).all():
-                head = int((~torch.isfinite(t)).flatten(1).any(dim=1).nonzero()[0])
+                head = int((~torch.isfinite(t)).reshape(t.shape[0], -1).any(dim=1).nonzero()[0])
                 raise FloatingPointError(f"calibration: {name} of layer {layer}, head {head} has NaN or Inf")
         if s.input_sq is not None and not torch.isfinite(s.input_sq).all():
             raise FloatingPointError(f"calibration: input norms of layer {layer} have NaN or Inf")
@@ -116,6 +134,7 @@ def calibrate(model, adapter: KeyChannelAdapter, windows: torch.Tensor, batch_si
         s = stats[m.layer]
         handles += adapter.add_hooks(m.module, on_qk=lambda q, k, s=s: _accumulate_qk(s, q, k),
                                      on_input=lambda x, s=s: _accumulate_input(s, x))
+        handles += dynamics_hooks(adapter, m, s, windows.shape[1])
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

@@ -15,7 +15,7 @@ from state_reduction.errors import InputError
 from state_reduction.pruning.selectors import MODES, get_selector, keep_count, select
 
 # What each selector reads from calibration (rand and l1 use the weights only).
-NEEDS_CALIBRATION = {"wanda", "grad", "drrqr", "pca", "pca-adv"}
+NEEDS_CALIBRATION = {"wanda", "grad", "drrqr", "pca", "pca-adv", "energy"}
 NEEDS_GRADIENTS = {"grad"}
 
 

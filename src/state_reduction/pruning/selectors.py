@@ -237,3 +237,50 @@ def select_pca(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelec
 def select_pca_adv(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
     """Bottom-`keep` principal directions ("adversarial" PCA baseline, appendix C.6.2)."""
     return _pca(stats, w_q, keep, mode, layer, "pca-adv", largest=False)
+
+
+def energy_scores(stats: LayerCalibration | None, H: int, K: int, mode: str = "kq", layer: int = 0,
+                  method: str = "energy") -> torch.Tensor:
+    """[H, K] float64 energy of each key channel (see `select_energy`)."""
+    hint = "q/k moments and head dynamics: run calibration (calibration.calibrate) with this package's hooks"
+    if stats is None or stats.n_tokens <= 0 or stats.horizon is None:
+        raise ValueError(f"{method} needs {hint} (layer {layer} has no calibration tokens or horizon)")
+    n = stats.n_tokens
+    which = "sum_{s}{s}" if stats.qk_l2_normalised else "gram_{s}"
+    second = {s: torch.diagonal(_stat(stats, which.format(s=s), method, layer, (H, K, K), hint), dim1=1, dim2=2) / n
+              for s in ("q", "k")}                                                   # [H, K]: E[q_j^2], E[k_j^2]
+    channel = math.prod(second[s] for s in _pair(mode, "q", "k"))
+    rho = (_stat(stats, "decay_sq", method, layer, (H,), hint) / n if stats.decay_sq is not None
+           else torch.ones(H, dtype=torch.float64))
+    gain = _stat(stats, "gain_sq", method, layer, (H,), hint) / n if stats.gain_sq is not None else torch.ones(H, dtype=torch.float64)
+    L = stats.horizon
+    # sum_{tau < L} rho^tau, = L at rho = 1 (DeltaNet) and -> 1 / (1 - rho) for long horizons
+    horizon_sum = torch.where(rho < 1, (1 - rho.clamp(max=1) ** L) / (1 - rho).clamp(min=1e-300), torch.full_like(rho, float(L)))
+    return channel * (gain * horizon_sum)[:, None]
+
+
+@register("energy")
+def select_energy(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+    """Impulse-response energy of each key channel: AIRE-Prune's E_i (arXiv 2602.00534) for input-dependent states.
+
+    A diagonal SSM mode i has E_i = ||C[:, i]||^2 ||B_bar[i, :]||^2 / (1 - |lambda_i|^2): the energy of its impulse
+    response C[:, i] lambda_i^tau B_bar[i, :] summed over all lags tau. In linear attention the state of a head is
+    S_t = a_t S_{t-1} (...) + g_t v_t k_t^T and the read-out o_t = S_t q_t, so key channel j is a "mode" whose input
+    matrix entry is g_t k_t[j] (B = key; Mamba-2: the ZOH input dt_t B_t), whose output entry is q_t[j]
+    (C = query) and whose transition is the head's scalar decay a_t. Its contribution at lag tau is
+    q_t[j] (prod_{r in (t - tau, t]} a_r) g_{t-tau} k_{t-tau}[j]; with q, k and a treated as independent
+    stationary draws (their calibration moments) the expected energy up to horizon L is
+
+        E_j = E[q_j^2] E[k_j^2] E[g^2] sum_{tau < L} rho^tau,   rho = E[a^2],
+
+    = E[q_j^2] E[k_j^2] E[g^2] (1 - rho^L) / (1 - rho), which tends to the seed's 1 / (1 - |lambda|^2) as L grows.
+    L is the calibration window length (the context the calibration statistics saw). DeltaNet has no decay
+    (rho = 1): its delta-rule erasure (I - beta k k^T) is not a scalar, so the horizon L bounds the sum and
+    the head factor is L E[beta^2]. Gated DeltaNet and Qwen3.5's linear layers: a = exp(g), the gate per value
+    head; Mamba-2: a = exp(dt A); value heads sharing a key head (a B/C group) are averaged. q and k are the
+    vectors the kernel sees: L2-normalised (sum_qq/sum_kk) where the kernel normalises them (DeltaNet with
+    qk_norm l2, Gated DeltaNet, Qwen3.5), raw post-conv (gram_q/gram_k) for Mamba-2. The decay factor is a
+    constant of the head, so within a head the ranking is that of E[q_j^2] E[k_j^2]; it matters when scores
+    are compared across heads and layers (global budgets). `mode` k or q drops the other factor (Table 16)."""
+    H, K, _ = w_q.shape
+    return _top(energy_scores(stats, H, K, mode, layer), keep)

@@ -28,7 +28,8 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from state_reduction.errors import InputError, UnsupportedError
-from state_reduction.pruning.calibration import QKGradients, _accumulate_input, _accumulate_qk, check_finite
+from state_reduction.pruning.calibration import (QKGradients, _accumulate_input, _accumulate_qk, check_finite,
+                                                 dynamics_hooks)
 from state_reduction.pruning.types import KeyChannelAdapter, LayerCalibration
 
 
@@ -133,6 +134,7 @@ def calibrate_streaming(model, adapter: KeyChannelAdapter, windows: torch.Tensor
         s = stats[m.layer]
         handles += adapter.add_hooks(m.module, on_qk=lambda q, k, s=s: on_qk(s, q, k),
                                      on_input=lambda x, s=s: on_input(s, x))
+        handles += dynamics_hooks(adapter, m, s, windows.shape[1], active=lambda: collecting[0])
     batches = [windows[i:i + batch_size] for i in range(0, windows.shape[0], batch_size)]
     was_training = model.training
     model.eval()

@@ -44,6 +44,10 @@ class LayerCalibration:
     input_sq: torch.Tensor | None = None  # [d_in] float64: sum_t x_{t,i}^2 (S-Wanda uses its sqrt)
     saliency_q: torch.Tensor | None = None  # [H, K] float64: sum_i |W_Q[j, i] * dL/dW_Q[j, i]|
     saliency_k: torch.Tensor | None = None  # [H, K] float64
+    decay_sq: torch.Tensor | None = None  # [H] float64: sum_t a_t^2 of the heads' decay (None: no decay, a = 1)
+    gain_sq: torch.Tensor | None = None  # [H] float64: sum_t g_t^2 of the input gain (dt or beta; None: g = 1)
+    horizon: int | None = None  # calibration window length (tokens): the energy selector's horizon
+    qk_l2_normalised: bool | None = None  # the kernel L2-normalises q and k (energy reads sum_qq/sum_kk then)
     extra: dict = field(default_factory=dict)
 
 
@@ -96,6 +100,12 @@ class KeyChannelAdapter(ABC):
     @abstractmethod
     def state_bytes_per_sequence(self, config, dtype: torch.dtype = torch.bfloat16) -> int:
         """Recurrent-state bytes of one sequence across all reducible mixers (conv caches excluded)."""
+
+    dynamics = None  # HeadDynamics (state_reduction.pruning.dynamics): where the decay and input gain come from
+
+    def qk_l2_normalised(self, mixer: nn.Module) -> bool:
+        """Whether the mixer's kernel L2-normalises q and k before they enter the state."""
+        return True
 
     def block_output(self, hidden: torch.Tensor, kwargs: dict):
         """What one decoder block returns to its model's layer loop when its new hidden states are `hidden` and it

@@ -23,6 +23,7 @@ from state_reduction.pruning.adapters.base import (
     replace_conv_channels,
     replace_linear_rows,
 )
+from state_reduction.pruning.dynamics import HeadDynamics
 from state_reduction.pruning.types import InputHook, KeyChannelAdapter, KeyChannelSelection, MixerRef, QKHook
 
 
@@ -118,6 +119,10 @@ class DeltaNetAdapter(FlaKeyChannelAdapter):
     family = "DeltaNet"
     required_fields = ("hidden_size", "num_heads", "expand_k", "expand_v", "num_hidden_layers")
     layout = FlaLayout(mixer_class="fla.layers.delta_net:DeltaNet")
+    dynamics = HeadDynamics(gate=None, beta="b_proj", value_heads="num_heads", beta_flag="use_beta")
+
+    def qk_l2_normalised(self, mixer: nn.Module) -> bool:
+        return mixer.qk_norm == "l2"
 
     def key_heads(self, config) -> tuple[int, int]:
         key_dim = round(config.hidden_size * config.expand_k)
