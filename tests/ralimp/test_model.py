@@ -49,3 +49,22 @@ def test_non_gated_mlp():
     layers[2].mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
     with pytest.raises(ValueError, match="layer 2 mlp .* is not a gated MLP"):
         replace_last_mlps(model, 1, torch.zeros(1, 8, dtype=torch.long))
+
+
+def test_variant_reloads_with_auto_class(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from state_reduction.models.ralimp_variant import to_variant
+
+    model = _gdn()
+    ids = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(1))
+    spec = {"method": "ralimp", "budget": 32, "rank": 16, "sphere": True, "clamp": 10.0}
+    idx = replace_last_mlps(model, 1, ids, **spec)
+    variant = to_variant(model, idx, spec).eval()
+    variant.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(again).__name__ == "RaLiMPGatedDeltaNetForCausalLM" and again.config.ralimp_layers == [2]
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        torch.testing.assert_close(variant(input_ids=ids).logits, ref)
+        torch.testing.assert_close(again(input_ids=ids).logits, ref)
