@@ -68,3 +68,22 @@ def test_variant_reloads_with_auto_class(tmp_path):
         ref = model(input_ids=ids).logits
         torch.testing.assert_close(variant(input_ids=ids).logits, ref)
         torch.testing.assert_close(again(input_ids=ids).logits, ref)
+
+
+def test_variant_pairs_with_dense_teacher():
+    from state_reduction.models.ralimp_variant import to_variant
+    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.rft.targets import extra_trainable, family_targets
+    from state_reduction.rft.trainer import check_pair
+
+    dense = _gdn()
+    model = _gdn()
+    ids = torch.randint(0, 61, (1, 8), generator=torch.Generator().manual_seed(2))
+    spec = {"budget": 32, "rank": 8}
+    variant = to_variant(model, replace_last_mlps(model, 1, ids, **spec), spec)
+    assert variant.config.model_type == "gated_deltanet_ralimp"
+    check_pair(variant, dense, "student", "teacher")  # one family: no error
+    assert len(list(get_adapter(variant).mixers(variant))) == 3
+    assert family_targets("gated_deltanet_ralimp").lora == family_targets("gated_deltanet").lora
+    names = extra_trainable(variant, ["mlp.gated"])
+    assert names and all(".mlp.gated." in n for n in names)

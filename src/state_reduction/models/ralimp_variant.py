@@ -48,6 +48,7 @@ def _variant(base_config, base_model, model_type: str):
             super().__init__(**kwargs)
 
     Config.model_type = model_type
+    Config.base_model_type = base_config.model_type   # the family: teacher pairing, adapters, RFT targets
     Config.__name__ = Config.__qualname__ = f"RaLiMP{base_config.__name__}"
 
     class Model(base_model):
