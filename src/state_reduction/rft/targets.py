@@ -41,6 +41,19 @@ TARGETS: dict[str, RFTTargets] = {
 }
 
 
+# RaLiMP variants (models/ralimp_variant.py): the family's LoRA targets; the replaced MLPs train in full through
+# train_extra (e.g. "mlp.gated"), which must reach outside the mixers, hence extra_scope "model".
+def _linearized_variants() -> None:
+    from state_reduction.models.ralimp_variant import VARIANTS
+
+    for base, (config_cls, _) in VARIANTS.items():
+        t = TARGETS[base]
+        TARGETS[config_cls.model_type] = RFTTargets(lora=t.lora, extra_scope="model", unwrappable=t.unwrappable)
+
+
+_linearized_variants()
+
+
 def family_targets(model_type: str) -> RFTTargets:
     if model_type not in TARGETS:
         import difflib

@@ -129,7 +129,7 @@ def load_causal_lm(path: str, what: str):
 def check_pair(student, teacher, student_path: str, teacher_path: str) -> None:
     """Teacher and student must be one family with one vocabulary (same logits space)."""
     s, t = student.config, teacher.config
-    if s.model_type != t.model_type:
+    if getattr(s, "base_model_type", s.model_type) != getattr(t, "base_model_type", t.model_type):
         raise RFTError(f"teacher {teacher_path} is {t.model_type!r} but student {student_path} is {s.model_type!r}; "
                        "the teacher must be the unpruned model of the student's family")
     if s.vocab_size != t.vocab_size:

@@ -19,6 +19,20 @@ ADAPTERS: dict[str, KeyChannelAdapter] = {
                               Qwen3_5Adapter())
 }
 
+
+def _linearized_variants() -> None:
+    """The RaLiMP variants (models/ralimp_variant.py) keep their family's mixers: the family's adapter under the
+    variant's model_type."""
+    from state_reduction.models.ralimp_variant import VARIANTS
+
+    for base, (config_cls, _) in VARIANTS.items():
+        adapter = type(ADAPTERS[base])()
+        adapter.model_type = config_cls.model_type
+        ADAPTERS[config_cls.model_type] = adapter
+
+
+_linearized_variants()
+
 # model types that wrap a supported one, when the config does not say which (no text_config)
 _WRAPPERS = {"qwen3_5": "qwen3_5_text"}
 

@@ -1,0 +1,94 @@
+"""Config variants of the model families whose last MLPs are RaLiMP linearizations (state_reduction.ralimp), so a
+linearized checkpoint reloads with AutoModelForCausalLM (the way models/shared_conv.py registers its variant).
+
+`ralimp_layers` lists the replaced decoder layers; `ralimp` holds the linearization's construction options
+(method, budget, rank and the method's own options). The variant model builds placeholder linearizations of the
+right shapes (their least-squares init runs on a fixed grid of pre-activations, never on data) and
+from_pretrained then overwrites every parameter and buffer (projections, coefficients, sketch, folded weights).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
+    from fla.models import DeltaNetConfig, DeltaNetForCausalLM, GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+PLACEHOLDER_T = torch.linspace(-3.0, 3.0, 64, dtype=torch.float64)
+
+
+def install_placeholders(model, layers: list[int], spec: dict) -> None:
+    from state_reduction.ralimp.gated import GatedLinearization, gated_weights
+    from state_reduction.ralimp.model import LinearizedMLP, decoder_layers
+
+    spec = dict(spec)
+    method, budget, rank = spec.pop("method", "ralimp"), spec.pop("budget", 32), spec.pop("rank", 128)
+    if spec.get("sphere"):
+        spec["x_rms"] = 1.0
+    dec = decoder_layers(model)
+    gen = torch.Generator().manual_seed(0)
+    for i in layers:
+        # shapes only: from_pretrained builds the model on the meta device, and overwrites these values
+        g, u, d = (torch.randn(w.shape, generator=gen) * 0.02
+                   for w in gated_weights(dec[i].mlp, where=f"layer {i} mlp"))
+        with torch.device("cpu"):
+            dec[i].mlp = LinearizedMLP(GatedLinearization(g, u, d, rank=rank, method=method, budget=budget,
+                                                          calib_t=PLACEHOLDER_T, seed=i, **spec))
+
+
+def _variant(base_config, base_model, model_type: str):
+    class Config(base_config):
+        def __init__(self, ralimp_layers=(), ralimp=None, **kwargs):
+            self.ralimp_layers = [int(i) for i in ralimp_layers]
+            self.ralimp = dict(ralimp or {})
+            super().__init__(**kwargs)
+
+    Config.model_type = model_type
+    Config.base_model_type = base_config.model_type   # the family: teacher pairing, adapters, RFT targets
+    Config.__name__ = Config.__qualname__ = f"RaLiMP{base_config.__name__}"
+
+    class Model(base_model):
+        config_class = Config
+
+        def __init__(self, config):
+            super().__init__(config)
+            install_placeholders(self, config.ralimp_layers, config.ralimp)
+
+    Model.__name__ = Model.__qualname__ = f"RaLiMP{base_model.__name__}"
+    return Config, Model
+
+
+# base model_type -> (variant config, variant model)
+VARIANTS = {
+    "delta_net": _variant(DeltaNetConfig, DeltaNetForCausalLM, "delta_net_ralimp"),
+    "gated_deltanet": _variant(GatedDeltaNetConfig, GatedDeltaNetForCausalLM, "gated_deltanet_ralimp"),
+    "qwen3_5_text": _variant(Qwen3_5TextConfig, Qwen3_5ForCausalLM, "qwen3_5_text_ralimp"),
+}
+
+
+def variant_of(model_type: str):
+    if model_type not in VARIANTS:
+        raise ValueError(f"ralimp: no linearized variant of model_type {model_type!r}; accepted: {', '.join(VARIANTS)}")
+    return VARIANTS[model_type]
+
+
+def register_ralimp_auto_classes() -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    for config_cls, model_cls in VARIANTS.values():
+        AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
+        AutoModelForCausalLM.register(config_cls, model_cls, exist_ok=True)
+
+
+def to_variant(model, layers: list[int], spec: dict):
+    """The registered variant holding `model`'s weights, `model` already linearized at `layers` with `spec`."""
+    config_cls, model_cls = variant_of(model.config.model_type)
+    cfg = config_cls(ralimp_layers=layers, ralimp=spec, **{k: v for k, v in model.config.to_dict().items()
+                                                          if k not in ("model_type", "architectures")})
+    out = model_cls(cfg)
+    out.load_state_dict(model.state_dict(), strict=True)
+    return out.to(next(model.parameters()).dtype)
