@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from state_reduction.pipeline import (
+    CONTROL,
     Cell,
     PipelineError,
     _Runner,
@@ -41,8 +42,10 @@ def test_table20_names_and_keys_are_unchanged():
     _, cells, _ = table_cells(spec, "table20", "tiny")
     runner = _Runner(spec, "tiny")
     assert all(c.vary == () for c in cells)
+    pruned = [c for c in cells if c.method != CONTROL]  # the dense+RFT control is new (issue 15), post-RFT only
     assert {c.name: [config_key(runner.prune_config(c)), config_key(runner.eval_config(c, False))]
-            for c in cells} == TABLE20_KEYS
+            for c in pruned} == TABLE20_KEYS
+    assert [c.name for c in cells if c.method == CONTROL] == ["deltanet-dense-r0", "gated_deltanet-dense-r0"]
 
 
 def test_table16_crosses_selection_with_every_method_and_model():

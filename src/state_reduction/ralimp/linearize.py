@@ -13,13 +13,13 @@ models measured in this one process (greedy, cache on, one thread, interleaved r
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from state_reduction.checkpoints import save_model_atomic
 from state_reduction.ralimp.gated import FoldedGatedMLP, dense_gated_flops_per_token, gated_weights
 from state_reduction.ralimp.model import LinearizedMLP, decoder_layers, replace_last_mlps
 
@@ -83,10 +83,7 @@ def linearize(model_dir: str, k: int, out: str, *, method: str = "ralimp", budge
     init_s = time.perf_counter() - t0
     variant = to_variant(model, idx, spec).eval()
     out = Path(out)
-    if out.exists():
-        shutil.rmtree(out)
-    variant.save_pretrained(out)
-    tok.save_pretrained(out)
+    save_model_atomic(variant, tok, out, overwrite=True)
     inference = deployed(variant).eval()
     layers = decoder_layers(dense)
     dense_flops = sum(dense_gated_flops_per_token(gated_weights(layers[i].mlp)[0], gated_weights(layers[i].mlp)[2])

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import yaml
 
+from state_reduction.atomic import write_text_atomic
 from state_reduction.provenance import REPO_ROOT
 from state_reduction.results import build_result, read_result, results_dir, run_sweep, write_result
 from state_reduction.ssm.listops import ListOpsSpec, generate_split, split_sha256
@@ -240,7 +241,7 @@ def render_home(config_path: str | Path, profile: str = "tiny") -> list[Path]:
         lines.append(f"| {METHOD_LABELS[method]} | {fmt(removed)} | {fmt(mean_acc)} | "
                      + " | ".join(fmt(ci(method, r, "accuracy")) for r in (0.5, 0.6, 0.75, 0.9)) + " |")
     lines += ["", f"Dense test accuracy: {fmt(dense)}."]
-    (tab_dir / "aire_home.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(tab_dir / "aire_home.md", "\n".join(lines) + "\n")
     written.append(tab_dir / "aire_home.md")
     for p in written:
         print(p)

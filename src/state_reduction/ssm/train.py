@@ -13,8 +13,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +22,8 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from state_reduction.provenance import collect_provenance, write_json_atomic
+from state_reduction.atomic import publish_folder, save_torch_atomic, write_json_atomic
+from state_reduction.provenance import collect_provenance
 from state_reduction.ssm.listops import N_CLASSES, VOCAB_SIZE, ListOpsSpec, generate, verify
 from state_reduction.ssm.s5 import S5Classifier, S5Config
 from state_reduction.training.pretrain import batch_indices
@@ -106,17 +105,13 @@ def _optimizer(model: S5Classifier, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def save_s5(model: S5Classifier, record: dict, out_dir: str | Path) -> None:
-    """model.safetensors + config.json + training_record.json, replacing `out_dir` atomically."""
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp / "model.safetensors")
-    write_json_atomic(tmp / "config.json", model.cfg.to_dict())
-    write_json_atomic(tmp / "training_record.json", record)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    """model.safetensors + config.json + training_record.json, replacing `out_dir` atomically (atomic.publish_folder)."""
+    def fill(tmp: Path) -> None:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp / "model.safetensors")
+        write_json_atomic(tmp / "config.json", model.cfg.to_dict())
+        write_json_atomic(tmp / "training_record.json", record)
+
+    publish_folder(out_dir, fill, overwrite=True)
 
 
 def load_s5(model_dir: str | Path) -> S5Classifier:
@@ -170,11 +165,9 @@ def train(cfg: TrainConfig, out_dir: str | Path, run_dir: str | Path, log=print)
             log(f"step {step} loss {float(loss):.4f} val_acc {entry['val_acc']:.4f} ({time.perf_counter() - t0:.0f} s)")
         history.append(entry)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            tmp = state_path.with_suffix(".tmp")
-            torch.save({"config_hash": cfg.hash(), "model": model.state_dict(), "optimizer": opt.state_dict(),
-                        "rng": torch.get_rng_state(), "step": step, "history": history,
-                        "elapsed_s": time.perf_counter() - t0}, tmp)
-            os.replace(tmp, state_path)
+            save_torch_atomic(state_path, {"config_hash": cfg.hash(), "model": model.state_dict(),
+                                           "optimizer": opt.state_dict(), "rng": torch.get_rng_state(), "step": step,
+                                           "history": history, "elapsed_s": time.perf_counter() - t0})
     wall = time.perf_counter() - t0
     verify(data, manifest)
     majority = float(np.bincount(data["test"][2], minlength=N_CLASSES).max() / len(data["test"][2]))
