@@ -252,12 +252,16 @@ class _Runner:
                 **dict(cell.vary)}
 
     def rft_config(self, cell: Cell) -> dict:
-        from state_reduction.rft import PRESETS
+        from state_reduction.rft import RFTConfig
 
         rft = self.p["rft"]
-        # the preset's values are part of the key: editing a preset reruns RFT and what follows
+        # the recipe's resolved values (dataclass defaults, preset, the profile's overrides) are part of the key:
+        # editing any of them reruns RFT and what follows, and the dry-run plan shows them
+        overrides = {k: v for k, v in rft.items() if k != "preset"}
+        recipe = RFTConfig.from_preset(rft["preset"], "<pruned>", "<dense>", "<out>", profile=self.profile,
+                                       **overrides).recipe()
         return {**self._base(cell, "rft"), "pruned": config_key(self.prune_config(cell)), **rft,
-                "preset_values": PRESETS.get(rft["preset"])}
+                "preset_values": recipe}
 
     def eval_config(self, cell: Cell, rft: bool) -> dict:
         if cell.method == "baseline":
@@ -328,6 +332,7 @@ class _Runner:
 
         import state_reduction  # noqa: F401
         from state_reduction.backend import install_cpu_backend
+        from state_reduction.devices import compute_dtype, resolve_device
         from state_reduction.evaluation import evaluate
 
         cell = self._cell(config)
@@ -336,8 +341,9 @@ class _Runner:
         else:
             folder = self.ensure_rft(cell) if config["rft"] else self.ensure_pruned(cell)
         install_cpu_backend()
+        device = resolve_device(None)  # the GPU when present: lm-eval runs on the model's device
         with measure() as m:
-            model = AutoModelForCausalLM.from_pretrained(str(folder))
+            model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute_dtype(device)).to(device)
             tokenizer = AutoTokenizer.from_pretrained(str(folder))
             model.eval()
             out = evaluate(model, tokenizer, suite=config["suite"], batch_size=config["batch_size"],
@@ -347,7 +353,7 @@ class _Runner:
                             metrics=out["metrics"], model=model_entry(folder), data=data, seeds={},
                             wall_time_s=m["wall_time_s"],
                             extra={k: out[k] for k in ("suite", "tasks", "n_examples", "lm_eval_version")}
-                            | {"data_files": out["data"]})
+                            | {"data_files": out["data"], "device": str(device)})
 
     @staticmethod
     def _cell(config: dict) -> Cell:

@@ -141,7 +141,9 @@ def load_causal_lm(path: str, device: str = "cpu"):
     config = AutoConfig.from_pretrained(path)
     if type(config) not in AutoModelForCausalLM._model_mapping:
         raise EvaluationError(f"model {path} (model_type {config.model_type!r}) is not a causal language model")
-    model = AutoModelForCausalLM.from_pretrained(path).to(device)
+    from state_reduction.devices import compute_dtype
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=compute_dtype(device)).to(device)  # fp32 on a CPU
     model.eval()
     return model, AutoTokenizer.from_pretrained(path)
 

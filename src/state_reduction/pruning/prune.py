@@ -33,7 +33,11 @@ class PruneConfig:
     overwrite: bool = False
     data_dir: str | None = None
     stream_layers: bool = False  # calibrate with one decoder block at a time on `device` (7B-9B models, issue 8)
-    device: str | None = None  # compute device of calibration (None: where the model loads, the CPU)
+    device: str | None = None  # compute device of calibration (None or auto: the GPU when present, else the CPU)
+    # Grad's backward keeps every block's activations of one forward: at most this many tokens per forward
+    # (windows per forward = max(1, grad_tokens // seq_len), never above batch_size). The gradient sums are
+    # additive over windows, so the scores do not depend on it beyond float summation order.
+    grad_tokens: int = 2048
 
     def validate(self) -> None:
         get_selector(self.method)
@@ -41,20 +45,18 @@ class PruneConfig:
             raise ValueError(f"--select must be one of {', '.join(MODES)}, got {self.select!r}")
         if self.n_calib < 1 or self.seq_len < 2:
             raise ValueError(f"--n-calib must be >= 1 and --seq-len >= 2, got {self.n_calib}, {self.seq_len}")
-        if self.device is not None:
-            device = torch.device(self.device)
-            if device.type == "cuda" and not torch.cuda.is_available():
-                raise ValueError(f"--device {self.device}: torch.cuda.is_available() is False on this machine")
+        if self.grad_tokens < 1:
+            raise ValueError(f"grad_tokens must be >= 1, got {self.grad_tokens}")
+        from state_reduction.devices import resolve_device
+
+        resolve_device(self.device)
         if Path(self.out).exists() and not self.overwrite:
             raise FileExistsError(f"output directory {self.out} exists; pass --overwrite to replace it")
 
 
-def _peak_memory_bytes() -> int:
-    if torch.cuda.is_available():
-        return int(torch.cuda.max_memory_allocated())
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+def grad_batch_size(cfg: PruneConfig) -> int:
+    """Windows per forward of Grad calibration (PruneConfig.grad_tokens)."""
+    return max(1, min(cfg.batch_size, cfg.grad_tokens // cfg.seq_len))
 
 
 def prune(cfg: PruneConfig) -> dict:
@@ -70,14 +72,26 @@ def prune(cfg: PruneConfig) -> dict:
     from state_reduction.pruning.streaming import calibrate_streaming
     from state_reduction.pruning.surgery import reduce_model, save_reduced
 
+    from state_reduction.devices import (
+        checkpoint_dtype,
+        compute_dtype,
+        host_peak_rss_bytes,
+        peak_memory_bytes,
+        resolve_device,
+    )
+
     cfg.validate()
     t0 = time.time()
     install_cpu_backend()
-    get_adapter(AutoConfig.from_pretrained(cfg.model))  # a wrong or wrapper config fails before the weights load
-    model = AutoModelForCausalLM.from_pretrained(cfg.model)
+    config = AutoConfig.from_pretrained(cfg.model)
+    get_adapter(config)  # a wrong or wrapper config fails before the weights load
+    device = resolve_device(cfg.device)
+    saved_dtype = checkpoint_dtype(config)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=compute_dtype(device))
     adapter = get_adapter(model)
-    if cfg.device is not None and not cfg.stream_layers:
-        model.to(cfg.device)
+    run_dtype = next(model.parameters()).dtype
+    if not cfg.stream_layers:
+        model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     H, K = adapter.key_heads(model.config)
     keep = keep_count(K, cfg.ratio, cfg.multiple, cfg.power_of_two)
@@ -87,12 +101,12 @@ def prune(cfg: PruneConfig) -> dict:
     if cfg.method in NEEDS_CALIBRATION and keep < K:
         windows = sample_sequences(tokenizer, cfg.calib, n=cfg.n_calib, seq_len=cfg.seq_len, seed=cfg.seed,
                                    stream="calibration", data_dir=cfg.data_dir)
+        gradients = cfg.method in NEEDS_GRADIENTS
+        batch = grad_batch_size(cfg) if gradients else cfg.batch_size
         if cfg.stream_layers:
-            stats = calibrate_streaming(model, adapter, windows, batch_size=cfg.batch_size,
-                                        gradients=cfg.method in NEEDS_GRADIENTS, device=cfg.device)
+            stats = calibrate_streaming(model, adapter, windows, batch_size=batch, gradients=gradients, device=device)
         else:
-            stats = calibrate(model, adapter, windows, batch_size=cfg.batch_size,
-                              gradients=cfg.method in NEEDS_GRADIENTS)
+            stats = calibrate(model, adapter, windows, batch_size=batch, gradients=gradients)
         calibration = {"corpus": cfg.calib, "stream": "calibration", "n": cfg.n_calib, "seq_len": cfg.seq_len,
                        "tokens": int(windows.numel()), "seed": cfg.seed,
                        "sha256": get_corpus_info(cfg.calib).sha256}
@@ -104,6 +118,7 @@ def prune(cfg: PruneConfig) -> dict:
         selections[ref.layer] = select(cfg.method, stats.get(ref.layer), w_q.detach(), w_k.detach(), keep,
                                        cfg.select, generator, ref.layer)
     reduce_model(model, selections)
+    model.to(saved_dtype)  # computed in fp32 on a CPU; saved in the checkpoint's own dtype
     state_after = adapter.state_bytes_per_sequence(model.config)
     rotations = {f"layer{layer}": sel.rotation.contiguous() for layer, sel in selections.items()
                  if sel.rotation is not None}
@@ -115,6 +130,7 @@ def prune(cfg: PruneConfig) -> dict:
                       else {"rotation_shape": list(sel.rotation.shape)} for layer, sel in selections.items()},
         "selection_rotations": "selection_rotations.safetensors" if rotations else None,
         "calibration": calibration,
+        "device": str(device), "compute_dtype": str(run_dtype), "saved_dtype": str(saved_dtype),
         "provenance": collect_provenance(),
     }
 
@@ -123,7 +139,8 @@ def prune(cfg: PruneConfig) -> dict:
             from safetensors.torch import save_file
 
             save_file(rotations, os.fspath(folder / "selection_rotations.safetensors"))
-        record.update(wall_time_s=round(time.time() - t0, 2), peak_memory_bytes=_peak_memory_bytes())
+        record.update(wall_time_s=round(time.time() - t0, 2), peak_memory_bytes=peak_memory_bytes(device),
+                      peak_rss_bytes=host_peak_rss_bytes())
         write_json_atomic(folder / "selection.json", record)
 
     save_reduced(model, tokenizer, cfg.out, overwrite=cfg.overwrite, write_extra=write_selection)
