@@ -17,7 +17,7 @@ def test_auto_is_the_gpu_when_torch_sees_one(monkeypatch):
 
 def test_cuda_without_a_gpu_is_a_one_line_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match=r"device cuda: torch.cuda.is_available\(\) is False.*accepted: auto, cpu"):
+    with pytest.raises(ValueError, match=r"--device cuda: torch.cuda.is_available\(\) is False.*accepted: auto, cpu"):
         devices.resolve_device("cuda")
 
 

@@ -21,7 +21,7 @@ def resolve_device(requested: str | torch.device | None = None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(requested)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {requested}: torch.cuda.is_available() is False on this machine; "
+        raise ValueError(f"--device {requested}: torch.cuda.is_available() is False on this machine; "
                          "accepted: auto, cpu, or cuda where a GPU is present")
     return device
 

@@ -389,6 +389,19 @@ def _require_hub_for(profile: str, what: str) -> None:
                             f"or --dry-run to print the plan") from None
 
 
+def _check_offline_cache(profile: str, tables: list[str], experiment: str) -> bool:
+    """With HF_HUB_OFFLINE set and $STATE_REDUCTION_CACHE naming a prefetched cache (state-reduction prefetch), every
+    artefact of the tables must be there: the first missing one is an error before any compute. True when the run
+    is offline on such a cache (no hub check then)."""
+    cache = os.environ.get("STATE_REDUCTION_CACHE")
+    if not (os.environ.get("HF_HUB_OFFLINE") and cache):
+        return False
+    from state_reduction.prefetch import check_offline
+
+    check_offline(profile, tables, cache, experiment)
+    return True
+
+
 def plan_table(experiment: str | None, table: str, profile: str = "tiny", results_root=None,
                stages=STAGES) -> dict:
     """What run_table would run, without running, loading a model or calling the hub: per stage the result
@@ -412,7 +425,8 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile)
-    _require_hub_for(profile, f"make {table}")
+    if not _check_offline_cache(profile, [table], experiment):
+        _require_hub_for(profile, f"make {table}")
     evaluate = table_evaluate(spec, table, profile)
     check_context(spec, profile, keys, evaluate=evaluate[0])
     import torch
