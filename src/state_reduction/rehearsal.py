@@ -9,8 +9,8 @@ vocabulary here; tokens carry no meaning for a rehearsal). Then, per model: prun
 ratio, all at once and layer-streamed; reload each pruned checkpoint with the stock loader and run a forward;
 RFT a few steps (the paper recipe but for steps, batch and data); evaluate a few examples of the tiny suite;
 the decode and prefill benchmarks a few steps. Each stage records its wall time and heap peak (HeapPeak: bytes
-above the stage's entry, the quantity `memory-plan` predicts), and prune stages are compared with the plan's
-prediction; a prediction more than 25% off is flagged.
+above the stage's entry, the quantity `memory-plan` predicts on a CPU; on a GPU the CUDA allocator's peak), and prune
+stages are compared with the plan's prediction; a prediction more than 25% off is flagged.
 """
 
 from __future__ import annotations
@@ -114,12 +114,15 @@ def _predicted_prune(config, cfg: RehearsalConfig, method: str, streamed: bool) 
     from state_reduction.pruning.memory import plan
     from state_reduction.pruning.prune import NEEDS_CALIBRATION, NEEDS_GRADIENTS
 
-    p = plan(config, cfg.n_calib, cfg.seq_len, cfg.batch_size, weight_bytes=4, grad_tokens=2048)
+    cuda = torch.cuda.is_available()  # prune computes on the GPU when present, in the checkpoint's bf16
+    p = plan(config, cfg.n_calib, cfg.seq_len, cfg.batch_size, weight_bytes=2 if cuda else 4, grad_tokens=2048)
     if method not in NEEDS_CALIBRATION:
         return p["terms"]["weights"]
     kind = "grad" if method in NEEDS_GRADIENTS else "forward"
     if not streamed:
         return p["device"][f"all_at_once_{kind}"]
+    if cuda:
+        return p["device"][f"streamed_{kind}"]
     return p["host"][f"streamed_{kind}"] + p["device"][f"streamed_{kind}"] - p["terms"]["largest_block"] \
         - p["terms"]["outside_blocks"]
 
@@ -129,6 +132,10 @@ def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int
     from state_reduction.pruning.memory import HeapPeak
 
     gc.collect()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     peak = HeapPeak()
     value, error = None, None
@@ -140,9 +147,11 @@ def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int
         traceback.print_exc()
     row = {"model": model, "stage": stage, "what": what, "ok": error is None, "error": error,
            "wall_s": round(time.perf_counter() - t0, 2), "heap_peak_bytes": int(peak.peak),
-           "process_peak_rss_bytes": host_peak_rss_bytes(), "predicted_bytes": predicted}
-    if predicted is not None and peak.peak > 0:
-        row["predicted_off"] = round((predicted - peak.peak) / peak.peak, 3)
+           "process_peak_rss_bytes": host_peak_rss_bytes(), "predicted_bytes": predicted,
+           "cuda_peak_bytes": int(torch.cuda.max_memory_allocated()) if cuda else None}
+    measured = row["cuda_peak_bytes"] if cuda else peak.peak  # what the plan predicts: the compute device's peak
+    if predicted is not None and measured:
+        row["predicted_off"] = round((predicted - measured) / measured, 3)
         row["flagged"] = abs(row["predicted_off"]) > FLAG_OFF
     rows.append(row)
     status = "ok" if error is None else f"FAILED {error}"
