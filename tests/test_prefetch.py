@@ -74,7 +74,7 @@ def test_a_prefetched_table_runs_without_network_and_a_deleted_artefact_is_named
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("STATE_REDUCTION_CACHE", str(cache))
     monkeypatch.setenv("STATE_REDUCTION_DATA", str(cache / "data"))
-    paths = run_table(spec, "table20", "tiny", results_root=tmp_path / "results", data_dir=cache / "data")
+    paths = run_table(spec, "table20", "tiny", results_root=tmp_path / "results", data_dir=str(cache / "data"))
     names = sorted(p.stem for p in paths)
     assert "deltanet-l1-r50-eval-post" in names and "deltanet-baseline-r0-eval" in names
 

@@ -265,6 +265,7 @@ def rehearse(cfg: RehearsalConfig) -> dict:
                        lambda: _speed(dense, cfg.bench_steps))
         for folder in work.glob(f"{name}-*"):
             shutil.rmtree(folder, ignore_errors=True)
+        (work / "rehearsal.partial.json").write_text(json.dumps({"config": asdict(cfg), "rows": rows}, indent=2))
     record = {"config": asdict(cfg), "device": str(resolve_device(None)), "rows": rows,
               "all_ok": all(r["ok"] for r in rows), "flagged": sum(bool(r.get("flagged")) for r in rows),
               "wall_time_s": round(time.time() - t0, 1)}
@@ -300,17 +301,33 @@ def write_outputs(record: dict, *, profile: str = "paper", results_root=None, re
     result = build_result("bench", profile=profile, experiment="rehearsal", config=cfg, metrics=metrics, model=None,
                           data={}, seeds={"init": cfg["seed"]}, wall_time_s=record["wall_time_s"],
                           extra={"rows": record["rows"], "device": record["device"]})
-    path = results_dir(profile, "rehearsal", results_root) / f"rehearsal-{tag}.json"
+    path = results_dir(profile, "rehearsal", results_root) / f"rehearsal-{tag}-{record['device']}.json"
     write_result(path, result)
-    if readme is not None and readme.is_file():
-        text = readme.read_text()
-        begin, end = "<!-- rehearsal:begin -->", "<!-- rehearsal:end -->"
-        if begin in text and end in text:
-            block = (f"{begin}\nResult: `{path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}` "
-                     f"({record['device']}, {cfg['layers']} blocks, {record['wall_time_s']} s, "
-                     f"{metrics['failed']} failed, {metrics['flagged']} flagged)\n\n{summary_table(record)}\n{end}")
-            readme.write_text(text[:text.index(begin)] + block + text[text.index(end) + len(end):])
+    if readme is not None:
+        write_readme(readme, profile=profile, results_root=results_root)
     return path
+
+
+def write_readme(readme: Path, *, profile: str = "paper", results_root=None) -> None:
+    """The summary tables of every rehearsal result of `profile`, between `<!-- rehearsal:begin -->` and
+    `<!-- rehearsal:end -->` of the experiment README (rendered only from the result files)."""
+    from state_reduction.results import read_result, results_dir
+
+    text = readme.read_text()
+    begin, end = "<!-- rehearsal:begin -->", "<!-- rehearsal:end -->"
+    if begin not in text or end not in text:
+        raise RehearsalError(f"{readme}: no {begin} ... {end} block to write the rehearsal tables into")
+    blocks = []
+    for path in sorted(results_dir(profile, "rehearsal", results_root).glob("rehearsal-*.json")):
+        r = read_result(path)
+        cfg, m = r["config"], r["metrics"]
+        shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+        blocks.append(f"`{shown}`: {', '.join(cfg['models'])}; {cfg['layers']} blocks; {r['extra']['device']}; "
+                      f"{r['wall_time_s']:.0f} s; {m['stages']} stages, {m['failed']} failed, {m['flagged']} plans "
+                      f"off by > 25%; largest heap peak {m['max_heap_peak_bytes'] / 2**30:.2f} GiB\n\n"
+                      + summary_table({"rows": r["extra"]["rows"]}))
+    body = "\n\n".join(blocks) or "(no rehearsal results yet: `make rehearsal`)"
+    readme.write_text(text[:text.index(begin)] + f"{begin}\n{body}\n{end}" + text[text.index(end) + len(end):])
 
 
 def _cmd_rehearse(args) -> int:
