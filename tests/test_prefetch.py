@@ -81,6 +81,7 @@ def test_a_prefetched_table_runs_without_network_and_a_deleted_artefact_is_named
     (cache / "data" / "corpora" / "ptb.jsonl").unlink()
     with pytest.raises(OfflineError, match=r"corpus ptb is not in the cache"):
         check_offline("tiny", ["table20"], cache, experiment=spec)
+    capsys.readouterr()  # what prefetch and the table run printed so far
     rc = main(["run-table", "table20", "--experiment", spec, "--results-root", str(tmp_path / "fresh")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
