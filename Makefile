@@ -93,6 +93,11 @@ table16: setup
 	$(VENV)/bin/state-reduction run-table $@ --experiment coupled_selection --profile $(PROFILE)
 	$(PY) paper_tables/$@.py --profile $(PROFILE)
 
+# The generated verdict blocks of the experiment READMEs, decided from results (state_reduction/claims.py).
+.PHONY: verdicts
+verdicts: setup
+	$(VENV)/bin/state-reduction verdicts --write --profile $(PROFILE)
+
 # A static, offline HTML page of every result of the profile: results/$(PROFILE)/dashboard.html
 .PHONY: dashboard
 dashboard: setup

@@ -126,8 +126,34 @@ def table_cells(spec: dict, table: str, profile: str) -> tuple[list[str], list[C
         if key not in keys:
             keys.append(key)
     cells = [Cell(k, m, float(r)) for k in keys for r in t["ratios"] for m in table_methods(spec, table)]
+    rft_states = tuple(bool(x) for x in t["rft"])
+    if t.get("control") and True in rft_states:
+        cells += [Cell(k, CONTROL, 0.0) for k in keys]
     cells = expand_vary(spec, table, profile, cells)
-    return keys, cells, tuple(bool(x) for x in t["rft"])
+    return keys, cells, rft_states
+
+
+# The dense+RFT control of a table with `control: true` (issue 15): the dense model fine-tuned with the table's
+# RFT recipe and budget, evaluated post-RFT only, so that recovery can be read against it rather than against a
+# dense model that never saw the fine-tuning data.
+CONTROL = "dense"
+
+
+def table_seeds(spec: dict, table: str, profile: str) -> list:
+    """The replicate seeds of `table` on `profile`: the table's `seeds: {profile: [...]}`, else the profile's
+    `seeds:`, else the profile's one pruning seed. One seed drives both the calibration draw and the RFT run of a
+    replicate (its data order and LoRA initialisation), so replicates differ in everything that is random."""
+    own = (spec["tables"][table].get("seeds") or {})
+    if not isinstance(own, dict):
+        raise PipelineError(f"{table} of experiment {spec['experiment']!r}: seeds must be a mapping profile -> list "
+                            f"of ints, got {own!r}")
+    p = profile_spec(spec, profile)
+    seeds = own.get(profile, p.get("seeds", [p["prune"]["seed"]]))
+    if not seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise PipelineError(f"{table} of experiment {spec['experiment']!r} ({profile}): seeds must be a list of "
+                            f"distinct ints, got {seeds!r}")
+    return list(seeds)
 
 
 # A table's `vary:` crosses pruning settings with its cells (Tables 2, 7, 16): a mapping of setting -> list of
@@ -186,8 +212,21 @@ def table_evaluate(spec: dict, table: str, profile: str) -> tuple[dict, str]:
 
 
 def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell]) -> list[Cell]:
-    """Each cell once per variation of the table (unchanged where the table has no `vary:`)."""
-    return [Cell(c.model, c.method, c.ratio, v) for c in cells for v in table_variations(spec, table, profile)]
+    """Each cell once per variation of the table (unchanged where the table has no `vary:`), and each of those
+    once per replicate seed (table_seeds) unless the variation sets the seed itself (Table 7). The profile's own
+    seed is no override, so the first replicate keeps the plain name and key of a single-seed run."""
+    default = profile_spec(spec, profile)["prune"]["seed"]
+    seeds = table_seeds(spec, table, profile)
+    out = []
+    for c in cells:
+        for v in table_variations(spec, table, profile):
+            if any(k == "seed" for k, _ in v):
+                out.append(Cell(c.model, c.method, c.ratio, v))
+                continue
+            for seed in seeds:
+                extra = () if seed == default else (("seed", seed),)
+                out.append(Cell(c.model, c.method, c.ratio, tuple(sorted(v + extra))))
+    return out
 
 
 def check_context(spec: dict, profile: str, keys, local_only: bool = False, evaluate: dict | None = None) -> None:
@@ -255,13 +294,15 @@ class _Runner:
         from state_reduction.rft import RFTConfig
 
         rft = self.p["rft"]
-        # the recipe's resolved values (dataclass defaults, preset, the profile's overrides) are part of the key:
-        # editing any of them reruns RFT and what follows, and the dry-run plan shows them
-        overrides = {k: v for k, v in rft.items() if k != "preset"}
+        seed = dict(cell.vary).get("seed")
+        pruned = CONTROL if cell.method == CONTROL else config_key(self.prune_config(cell))
+        seeded = {"seed": seed} if seed is not None else {}
+        # the recipe's resolved values (dataclass defaults, preset, the profile's overrides, the replicate's seed) are
+        # part of the key: editing any of them reruns RFT and what follows, and the dry-run plan shows them
+        overrides = {k: v for k, v in rft.items() if k != "preset"} | seeded
         recipe = RFTConfig.from_preset(rft["preset"], "<pruned>", "<dense>", "<out>", profile=self.profile,
                                        **overrides).recipe()
-        return {**self._base(cell, "rft"), "pruned": config_key(self.prune_config(cell)), **rft,
-                "preset_values": recipe}
+        return {**self._base(cell, "rft"), "pruned": pruned, **rft, **seeded, "preset_values": recipe}
 
     def eval_config(self, cell: Cell, rft: bool) -> dict:
         if cell.method == "baseline":
@@ -276,6 +317,8 @@ class _Runner:
 
     # -- stages ----------------------------------------------------------------------------------------------
     def ensure_pruned(self, cell: Cell) -> Path:
+        if cell.method == CONTROL:  # the control fine-tunes the dense model itself
+            return Path(self.dense(cell.model)["path"])
         config = self.prune_config(cell)
         folder = self.model_dir(cell, "prune", config)
         if not (folder / "selection.json").is_file():
@@ -366,10 +409,11 @@ def _stage_jobs(runner: _Runner, keys, cells, rft_states, stages):
     if "baseline" in stages:
         base = [Cell(k, "baseline", 0.0) for k in keys]
         yield "baseline", [(f"{c.name}-eval{sfx}", runner.eval_config(c, False)) for c in base], runner.run_eval
+    pruned = [c for c in cells if c.method != CONTROL]  # the control has no pruning and no pre-RFT evaluation
     if "prune" in stages:
-        yield "prune", [(f"{c.name}-prune", runner.prune_config(c)) for c in cells], runner.run_prune
+        yield "prune", [(f"{c.name}-prune", runner.prune_config(c)) for c in pruned], runner.run_prune
     if False in rft_states and "eval-pre" in stages:
-        yield "eval-pre", [(f"{c.name}-eval-pre{sfx}", runner.eval_config(c, False)) for c in cells], runner.run_eval
+        yield "eval-pre", [(f"{c.name}-eval-pre{sfx}", runner.eval_config(c, False)) for c in pruned], runner.run_eval
     if True in rft_states and "rft" in stages:
         yield "rft", [(f"{c.name}-rft", runner.rft_config(c)) for c in cells], runner.run_rft
     if True in rft_states and "eval-post" in stages:
@@ -466,6 +510,8 @@ class Task:
     def stages(self) -> tuple[str, ...]:
         if self.cell is None:
             return ("baseline",)
+        if self.cell.method == CONTROL:
+            return ("rft", "eval-post")
         return ("prune",) + (("eval-pre",) if False in self.rft_states else ()) + \
             (("rft", "eval-post") if True in self.rft_states else ())
 
@@ -474,6 +520,8 @@ class Task:
         """Its result files' names (without .json), as run_table names them."""
         if self.cell is None:
             return [f"{Cell(self.model, 'baseline', 0.0).name}-eval{sfx}" for sfx in dict(self.evals)]
+        if self.cell.method == CONTROL:
+            return [f"{self.cell.name}-rft"] + [f"{self.cell.name}-eval-post{sfx}" for sfx, rft in self.evals if rft]
         names = [f"{self.cell.name}-prune"] + ([f"{self.cell.name}-rft"] if True in self.rft_states else [])
         return names + [f"{self.cell.name}-eval-{'post' if rft else 'pre'}{sfx}" for sfx, rft in self.evals]
 
@@ -500,7 +548,8 @@ def plan_tasks(experiment: str, profile: str = "tiny", tables=None) -> list[Task
         for k in keys:
             models.setdefault(k, {})[(sfx, False)] = None
         for c in table_cells_:
-            cells.setdefault(c, {}).update(dict.fromkeys((sfx, rft) for rft in rft_states))
+            states = (True,) if c.method == CONTROL else rft_states
+            cells.setdefault(c, {}).update(dict.fromkeys((sfx, rft) for rft in states))
     return ([Task(f"{k}-baseline", k, None, tuple(e)) for k, e in models.items()]
             + [Task(c.name, c.model, c, tuple(e)) for c, e in cells.items()])
 
