@@ -62,11 +62,11 @@ PAPER_KEYS = {"wiki_word_perplexity": "wiki_ppl", "lambada_ppl": "lambada_ppl", 
 class Table:
     """The cells of one table on one profile: values by (model, method, ratio, rft) and the holes."""
 
-    def __init__(self, experiment: str | None, table: str, profile: str, results_root=None):
+    def __init__(self, experiment: str | None, table: str, profile: str, results_root=None, seeds=None):
         experiment = experiment or find_experiment(table)
-        self.experiment, self.table, self.profile = experiment, table, profile
+        self.experiment, self.table, self.profile, self.seeds = experiment, table, profile, seeds
         self.spec = load_experiment(experiment)
-        self.models, self.cells, self.rft_states = table_cells(self.spec, table, profile)
+        self.models, self.cells, self.rft_states = table_cells(self.spec, table, profile, seeds)
         self.methods = table_methods(self.spec, table)  # in the config's order, which is the paper's row order
         self.p = profile_spec(self.spec, profile)
         self.evaluate = table_evaluate(self.spec, table, profile)[0]  # the profile's, or the table's own (Table 12)
@@ -456,8 +456,8 @@ def _plot_bars(t: Table, stem: Path, ratio: float, plt) -> list[Path]:
 
 
 def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
-           out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False) -> dict:
-    t = Table(experiment, table, profile, results_root)
+           out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False, seeds=None) -> dict:
+    t = Table(experiment, table, profile, results_root, seeds)
     header, rows = LAYOUTS[table](t)
     # e.g. Table 12's long-context columns, until a suite measures them
     empty = [h for j, h in enumerate(header)
@@ -471,7 +471,7 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
     written = write_outputs(table, profile, out_root, tex, md, comparison(t))
     written["figures"] = plot(t, (figures_root or ROOT / "figures") / profile / table)
     notes = [f"no result has these columns (rendered as --): {', '.join(map(_plain, empty))}"] if empty else []
-    seeds = table_seeds(t.spec, table, profile)
+    seeds = table_seeds(t.spec, table, profile, seeds)
     if len(seeds) > 1 and t.replicates() == [1]:
         notes.append(f"the table asks for {len(seeds)} seeds but each cell has one replicate so far: no CI shown")
     if not quiet:
@@ -517,19 +517,25 @@ def report(written: dict, md: str, missing: list[str], notes=()) -> None:
 def main(table: str, argv=None, render_fn=None, experiment_help: str | None = None) -> int:
     """The command line of a table's renderer (`paper_tables/tableN.py`)."""
     import argparse
+    import inspect
 
     p = argparse.ArgumentParser(description=f"Render {table} from result JSON")
     p.add_argument("--profile", default="tiny", choices=["tiny", "paper"])
     p.add_argument("--experiment", default=None,
                    help=experiment_help or "default: the experiment whose config.yaml declares the table")
     p.add_argument("--results-root", default=None)
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="replicate seeds shown (as run-table --seeds; default: the table's)")
     p.add_argument("--out-root", default=None, type=Path,
                    help="write OUT_ROOT/<profile>/<table>.* and OUT_ROOT/figures/<profile>/ instead of "
                         "paper_tables/out/ and figures/")
     args = p.parse_args(argv)
+    extra = {"seeds": args.seeds} if args.seeds is not None else {}
+    if extra and "seeds" not in inspect.signature(render_fn or render).parameters:
+        p.error(f"{table}: --seeds is not supported by this table's renderer (replicates: the LM tables)")
     if args.out_root is None:
-        (render_fn or render)(table, args.profile, args.experiment, args.results_root)
+        (render_fn or render)(table, args.profile, args.experiment, args.results_root, **extra)
     else:
         (render_fn or render)(table, args.profile, args.experiment, args.results_root,
-                              out_root=args.out_root, figures_root=args.out_root / "figures")
+                              out_root=args.out_root, figures_root=args.out_root / "figures", **extra)
     return 0

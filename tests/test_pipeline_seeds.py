@@ -67,6 +67,12 @@ def test_plan_seeds_drive_calibration_and_rft_and_the_control_skips_pruning(tmp_
     assert config_key(dict(one["rft"])["deltanet-l1-r50-rft"]) == config_key(rft["deltanet-l1-r50-rft"])
 
 
+def test_seeds_override_replaces_the_tables_seeds(tmp_path):
+    plan = plan_table(write(tmp_path, seeds=(0,)), "table20", "tiny", seeds=[0, 7])["stages"]
+    assert [n for n, _ in plan["prune"]] == ["deltanet-l1-r50-prune", "deltanet-l1-r50-seed_7-prune",
+                                            "deltanet-rand-r50-prune", "deltanet-rand-r50-seed_7-prune"]
+
+
 def test_tasks_cover_exactly_the_local_sweep(tmp_path):
     config = write(tmp_path)
     plan = plan_table(config, "table20", "tiny")["stages"]

@@ -108,7 +108,8 @@ def _cmd_run_table(args) -> int:
     from state_reduction.pipeline import plan_table, run_table
 
     if args.dry_run:
-        plan = plan_table(args.experiment, args.table, args.profile, results_root=args.results_root)
+        plan = plan_table(args.experiment, args.table, args.profile, results_root=args.results_root,
+                          seeds=args.seeds)
         print(f"{plan['table']} ({plan['profile']} profile), experiment {plan['experiment']}: "
               f"results in {plan['results_dir']}")
         for key, path in plan["models"].items():
@@ -119,7 +120,7 @@ def _cmd_run_table(args) -> int:
                 print(f"  {name}: {json.dumps(config, sort_keys=True)}")
         return 0
     paths = run_table(args.experiment, args.table, args.profile, results_root=args.results_root,
-                      data_dir=args.data_dir)
+                      data_dir=args.data_dir, seeds=args.seeds)
     folder = paths[0].parent if paths else None
     print(f"{args.table} ({args.profile}): {len(paths)} result files in {folder}")
     return 0
@@ -208,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print every stage and resolved configuration; run nothing, load no model, call no hub")
     b.add_argument("--results-root", default=None, help="default: results/ in the repository")
     b.add_argument("--data-dir", default=None)
+    b.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="replicate seeds (default: the table's `seeds:`, else one); each seed draws the calibration "
+                        "data and drives the RFT run; the tables show mean ± 95%% CI over them")
     b.set_defaults(func=_cmd_run_table)
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)

@@ -109,7 +109,7 @@ def table_methods(spec: dict, table: str) -> list[str]:
     return list(methods)
 
 
-def table_cells(spec: dict, table: str, profile: str) -> tuple[list[str], list[Cell], tuple[bool, ...]]:
+def table_cells(spec: dict, table: str, profile: str, seeds=None) -> tuple[list[str], list[Cell], tuple[bool, ...]]:
     """(model keys, cells, rft states) of `table` on `profile`; the paper's model names map to model keys
     through `stands_for`, and two names on one stand-in give one set of runs. The methods are the table's
     `methods:` where it has one, else the experiment's."""
@@ -129,7 +129,7 @@ def table_cells(spec: dict, table: str, profile: str) -> tuple[list[str], list[C
     rft_states = tuple(bool(x) for x in t["rft"])
     if t.get("control") and True in rft_states:
         cells += [Cell(k, CONTROL, 0.0) for k in keys]
-    cells = expand_vary(spec, table, profile, cells)
+    cells = expand_vary(spec, table, profile, cells, seeds)
     return keys, cells, rft_states
 
 
@@ -139,16 +139,17 @@ def table_cells(spec: dict, table: str, profile: str) -> tuple[list[str], list[C
 CONTROL = "dense"
 
 
-def table_seeds(spec: dict, table: str, profile: str) -> list:
-    """The replicate seeds of `table` on `profile`: the table's `seeds: {profile: [...]}`, else the profile's
-    `seeds:`, else the profile's one pruning seed. One seed drives both the calibration draw and the RFT run of a
-    replicate (its data order and LoRA initialisation), so replicates differ in everything that is random."""
+def table_seeds(spec: dict, table: str, profile: str, override=None) -> list:
+    """The replicate seeds of `table` on `profile`: `override` (run-table --seeds), else the table's
+    `seeds: {profile: [...]}`, else the profile's `seeds:`, else the profile's one pruning seed. One seed drives both
+    the calibration draw and the RFT run of a replicate (its data order and LoRA initialisation), so replicates
+    differ in everything that is random."""
     own = (spec["tables"][table].get("seeds") or {})
     if not isinstance(own, dict):
         raise PipelineError(f"{table} of experiment {spec['experiment']!r}: seeds must be a mapping profile -> list "
                             f"of ints, got {own!r}")
     p = profile_spec(spec, profile)
-    seeds = own.get(profile, p.get("seeds", [p["prune"]["seed"]]))
+    seeds = list(override) if override is not None else own.get(profile, p.get("seeds", [p["prune"]["seed"]]))
     if not seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds) \
             or len(set(seeds)) != len(seeds):
         raise PipelineError(f"{table} of experiment {spec['experiment']!r} ({profile}): seeds must be a list of "
@@ -211,12 +212,12 @@ def table_evaluate(spec: dict, table: str, profile: str) -> tuple[dict, str]:
     return {**base, **override}, "".join(f"-{k}_{v}" for k, v in changed)
 
 
-def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell]) -> list[Cell]:
+def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell], seeds=None) -> list[Cell]:
     """Each cell once per variation of the table (unchanged where the table has no `vary:`), and each of those
     once per replicate seed (table_seeds) unless the variation sets the seed itself (Table 7). The profile's own
     seed is no override, so the first replicate keeps the plain name and key of a single-seed run."""
     default = profile_spec(spec, profile)["prune"]["seed"]
-    seeds = table_seeds(spec, table, profile)
+    seeds = table_seeds(spec, table, profile, seeds)
     out = []
     for c in cells:
         for v in table_variations(spec, table, profile):
@@ -447,13 +448,13 @@ def _check_offline_cache(profile: str, tables: list[str], experiment: str) -> bo
 
 
 def plan_table(experiment: str | None, table: str, profile: str = "tiny", results_root=None,
-               stages=STAGES) -> dict:
+               stages=STAGES, seeds=None) -> dict:
     """What run_table would run, without running, loading a model or calling the hub: per stage the result
     names and their resolved configurations (keys of upstream stages depend on the dense weights' hash, so
     the plan shows configurations, not keys)."""
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
-    keys, cells, rft_states = table_cells(spec, table, profile)
+    keys, cells, rft_states = table_cells(spec, table, profile, seeds)
     evaluate = table_evaluate(spec, table, profile)
     check_context(spec, profile, keys, local_only=True, evaluate=evaluate[0])
     runner = _Runner(spec, profile, results_root, dry_run=True, evaluate=evaluate)
@@ -463,12 +464,12 @@ def plan_table(experiment: str | None, table: str, profile: str = "tiny", result
 
 
 def run_table(experiment: str | None, table: str, profile: str = "tiny", results_root=None, data_dir=None,
-              stages=STAGES) -> list[Path]:
+              stages=STAGES, seeds=None) -> list[Path]:
     """Run what `table` needs and is missing; return the result files it reads. `experiment` None: the one
-    that declares the table (find_experiment)."""
+    that declares the table (find_experiment); `seeds` overrides the table's replicate seeds (table_seeds)."""
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
-    keys, cells, rft_states = table_cells(spec, table, profile)
+    keys, cells, rft_states = table_cells(spec, table, profile, seeds)
     if not _check_offline_cache(profile, [table], experiment):
         _require_hub_for(profile, f"make {table}")
     evaluate = table_evaluate(spec, table, profile)
