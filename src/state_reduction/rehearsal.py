@@ -30,6 +30,7 @@ from state_reduction.provenance import REPO_ROOT, TINY_MODELS_DIR
 CONFIG_DIR = REPO_ROOT / "experiments" / "rehearsal" / "configs"
 README = REPO_ROOT / "experiments" / "rehearsal" / "README.md"
 FLAG_OFF = 0.25  # |predicted - measured| / measured above this is flagged
+_PARTIAL: list[Path | None] = [None]  # rows so far, rewritten after every stage (a killed rehearsal keeps them)
 
 
 class RehearsalError(ValueError):
@@ -86,6 +87,7 @@ class RehearsalConfig:
     calib: str = "ptb"
     rft_steps: int = 2
     eval_limit: int = 2
+    eval_suite: str = "tiny_choice"  # the tiny suite's choice tasks (its perplexity tasks read whole documents)
     bench_steps: int = 2
     stages: list[str] = field(default_factory=lambda: ["prune", "rft", "evaluate", "speed"])
     rft_models: list[str] | None = None  # None: every model
@@ -154,6 +156,8 @@ def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int
         row["predicted_off"] = round((predicted - measured) / measured, 3)
         row["flagged"] = abs(row["predicted_off"]) > FLAG_OFF
     rows.append(row)
+    if _PARTIAL[0] is not None:
+        _PARTIAL[0].write_text(json.dumps({"rows": rows}, indent=2) + "\n")
     status = "ok" if error is None else f"FAILED {error}"
     print(f"[rehearse] {model} {stage} {what}: {status} ({row['wall_s']} s, heap {peak.peak / 2**20:.0f} MiB"
           + (f", plan {predicted / 2**20:.0f} MiB" if predicted is not None else "") + ")", flush=True)
@@ -179,7 +183,7 @@ def _reload(folder: Path, key_dim: int) -> None:
         raise FloatingPointError(f"reload {folder}: non-finite logits")
 
 
-def _evaluate(folder: Path, limit: int) -> dict:
+def _evaluate(folder: Path, limit: int, suite: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from state_reduction.devices import compute_dtype, resolve_device
@@ -187,7 +191,7 @@ def _evaluate(folder: Path, limit: int) -> dict:
 
     device = resolve_device(None)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute_dtype(device)).to(device).eval()
-    out = evaluate(model, AutoTokenizer.from_pretrained(str(folder)), suite="tiny", batch_size=2, max_length=256,
+    out = evaluate(model, AutoTokenizer.from_pretrained(str(folder)), suite=suite, batch_size=2, max_length=256,
                    limit=limit)
     return out["metrics"]
 
@@ -218,6 +222,7 @@ def rehearse(cfg: RehearsalConfig) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     methods = cfg.methods or sorted(SELECTORS)
     rows: list[dict] = []
+    _PARTIAL[0] = work / "rehearsal.partial.json"
     t0 = time.time()
     for name in cfg.models:
         config = model_config(name, cfg.layers)
@@ -258,14 +263,13 @@ def rehearse(cfg: RehearsalConfig) -> dict:
                           lambda: run_rft(rft_cfg)) is not None:
                 final = rft_out / "model"
         if "evaluate" in cfg.stages:
-            _run_stage(rows, name, "evaluate", f"tiny suite, {cfg.eval_limit} examples per task",
-                       lambda: _evaluate(final, cfg.eval_limit))
+            _run_stage(rows, name, "evaluate", f"{cfg.eval_suite}, {cfg.eval_limit} examples per task",
+                       lambda: _evaluate(final, cfg.eval_limit, cfg.eval_suite))
         if "speed" in cfg.stages:
             _run_stage(rows, name, "speed", f"decode b1 + prefill 1x64, {cfg.bench_steps} steps",
                        lambda: _speed(dense, cfg.bench_steps))
         for folder in work.glob(f"{name}-*"):
             shutil.rmtree(folder, ignore_errors=True)
-        (work / "rehearsal.partial.json").write_text(json.dumps({"config": asdict(cfg), "rows": rows}, indent=2))
     record = {"config": asdict(cfg), "device": str(resolve_device(None)), "rows": rows,
               "all_ok": all(r["ok"] for r in rows), "flagged": sum(bool(r.get("flagged")) for r in rows),
               "wall_time_s": round(time.time() - t0, 1)}
@@ -334,7 +338,8 @@ def _cmd_rehearse(args) -> int:
     cfg = RehearsalConfig(models=args.models, out=args.out, layers=args.layers, methods=args.methods,
                           ratios=args.ratios, streamed=[False, True] if not args.no_streamed else [False],
                           n_calib=args.n_calib, seq_len=args.seq_len, batch_size=args.batch_size,
-                          rft_steps=args.rft_steps, eval_limit=args.eval_limit, bench_steps=args.bench_steps,
+                          rft_steps=args.rft_steps, eval_limit=args.eval_limit, eval_suite=args.eval_suite,
+                          bench_steps=args.bench_steps,
                           stages=args.stages, rft_models=args.rft_models)
     record = rehearse(cfg)
     path = write_outputs(record, results_root=args.results_root, readme=README if args.write_readme else None)
@@ -357,6 +362,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--rft-steps", type=int, default=2)
     p.add_argument("--eval-limit", type=int, default=2)
+    p.add_argument("--eval-suite", default="tiny_choice", help="tiny_choice (default), tiny, tiny_ppl")
     p.add_argument("--bench-steps", type=int, default=2)
     p.add_argument("--stages", nargs="+", default=["prune", "rft", "evaluate", "speed"])
     p.add_argument("--rft-models", nargs="+", default=None, help="models that run RFT (default: all)")

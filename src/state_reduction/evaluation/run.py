@@ -77,6 +77,9 @@ SUITE_CONTEXT = {"tiny_longctx": max(LONGCTX_LENGTHS), "paper_longctx": max(PAPE
 # metrics without the choice tasks, which dominate the run time.
 SUITES = {"tiny": TINY_METRICS, "paper": PAPER_METRICS,
           "tiny_ppl": {t: TINY_METRICS[t] for t in ("tiny_wiki_ppl", "tiny_ptb_ppl")},
+          # the choice tasks only: a few examples cost seconds where rolling perplexity over whole documents costs
+          # minutes at 1.3B width on a CPU (the rehearsal's evaluation stage)
+          "tiny_choice": {t: TINY_METRICS[t] for t in ("tiny_lambada", "tiny_continuation", "tiny_next_sentence")},
           "paper_ppl": {"wikitext": PAPER_METRICS["wikitext"]},
           "tiny_longctx": TINY_LONGCTX, "paper_longctx": PAPER_LONGCTX}
 HUB_SUITES = ("paper", "paper_ppl", "paper_longctx")
