@@ -76,3 +76,9 @@ def test_setup_is_idempotent():
     out = subprocess.run(["make", "-n", "setup"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "Nothing to be done" in out.stdout or out.stdout.strip() == "", out.stdout
+
+
+def test_environment_brings_mamba2_cuda_kernels():
+    """Without mamba_ssm and causal_conv1d, Mamba-Codestral-7B runs transformers' torch reference scan on CUDA."""
+    env = _environment_pins()
+    assert "mamba-ssm" in env and "causal-conv1d" in env

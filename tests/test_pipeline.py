@@ -101,3 +101,31 @@ def test_a_path_needing_an_unset_variable_names_it(monkeypatch):
     monkeypatch.delenv("SR_CHECKPOINTS", raising=False)
     with pytest.raises(PipelineError, match="SR_CHECKPOINTS"):
         resolve_model_path("${SR_CHECKPOINTS}/delta_net-370M")
+
+
+def test_rft_key_holds_the_recipes_real_values(monkeypatch):
+    """Issue 22: the key held `preset_values: {}` for the paper preset; it now holds every value RFT computes with,
+    so the dry-run plan shows them and editing a default of RFTConfig reruns RFT."""
+    import dataclasses
+
+    import state_reduction.rft as rft
+    from state_reduction.pipeline import plan_table
+    from state_reduction.results import config_key
+
+    def rft_jobs():
+        return plan_table("deltanet_gdn", "table22", "paper", stages=("rft",))["stages"]["rft"]
+
+    jobs = rft_jobs()
+    values = jobs[0][1]["preset_values"]
+    assert values["lr"] == 1e-4 and values["steps"] == 2000 and values["rank"] == 32 and values["alpha"] == 64.0
+    assert values["batch_size"] == 16 and values["seq_len"] == 2048 and values["corpora"] == ["fineweb-edu"]
+    assert values["kd_temperature"] == 2.0 and values["profile"] == "paper"
+
+    @dataclasses.dataclass
+    class EditedDefault(rft.RFTConfig):
+        kd_temperature: float = 3.0
+
+    monkeypatch.setattr(rft, "RFTConfig", EditedDefault)
+    edited = rft_jobs()
+    assert edited[0][1]["preset_values"]["kd_temperature"] == 3.0
+    assert config_key(edited[0][1]) != config_key(jobs[0][1])

@@ -15,7 +15,7 @@ from state_reduction.provenance import REPO_ROOT, TINY_CHECKPOINTS, TINY_MODELS_
 # with set_defaults(func=handler). Append a module here to add a subcommand.
 SUBCOMMAND_MODULES: list[str] = ["state_reduction.speed.cli", "state_reduction.rft.cli", "state_reduction.analysis.cli",
                                  "state_reduction.pruning.memory", "state_reduction.slurm", "state_reduction.tracking",
-                                 "state_reduction.claims"]
+                                 "state_reduction.claims", "state_reduction.rehearsal", "state_reduction.prefetch"]
 
 
 def _cmd_data(args) -> int:
@@ -92,15 +92,18 @@ def _cmd_evaluate(args) -> int:
     from state_reduction.evaluation.run import HUB_SUITES, _suite_table
     from state_reduction.results import build_result, check_result_path, measure, model_entry, write_result
 
+    from state_reduction.devices import resolve_device
+
     _suite_table(args.suite)  # an unknown suite fails before the model loads
     check_result_path(args.out)  # and an output that cannot be written
+    device = resolve_device(args.device)
     install_cpu_backend()
     with measure() as m:
-        model, tokenizer = load_causal_lm(args.model, args.device, max_length=args.max_length)
+        model, tokenizer = load_causal_lm(args.model, device, max_length=args.max_length)
         result = evaluate(model, tokenizer, suite=args.suite, batch_size=args.batch_size,
                           max_length=args.max_length, limit=args.limit, data_dir=args.data_dir)
     config = {"model": args.model, "suite": args.suite, "batch_size": args.batch_size,
-              "max_length": args.max_length, "limit": args.limit, "device": args.device}
+              "max_length": args.max_length, "limit": args.limit, "device": str(device)}
     record = build_result(
         "evaluate", profile="paper" if args.suite in HUB_SUITES else "tiny", experiment=args.experiment,
         config=config, metrics=result["metrics"], model=model_entry(args.model),
@@ -193,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="round kept channels down to a power of two (fla pads K to one on GPU)")
     pr.add_argument("--stream-layers", action="store_true",
                     help="calibrate one decoder block at a time on --device (7B-9B models; same selections)")
-    pr.add_argument("--device", default=None, help="calibration device, e.g. cuda (default: the CPU)")
+    pr.add_argument("--device", default=None, help="calibration device: auto (default: the GPU when present, else "
+                    "the CPU), cpu, cuda")
     pr.add_argument("--out", required=True)
     pr.add_argument("--overwrite", action="store_true")
     pr.add_argument("--experiment", default="prune", help="experiment name recorded in prune_result.json")
@@ -209,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=positive_int, default=16)
     ev.add_argument("--max-length", type=length_int, default=256)
     ev.add_argument("--limit", type=_limit, default=None, help="examples per task (int) or fraction (<1)")
-    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--device", default="auto", help="auto (default: the GPU when present, else the CPU), cpu, cuda")
     ev.add_argument("--data-dir", default=None)
     ev.set_defaults(func=_cmd_evaluate)
 

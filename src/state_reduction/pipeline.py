@@ -294,14 +294,18 @@ class _Runner:
                 **dict(cell.vary)}
 
     def rft_config(self, cell: Cell) -> dict:
-        from state_reduction.rft import PRESETS
+        from state_reduction.rft import RFTConfig
 
         rft = self.p["rft"]
         seed = dict(cell.vary).get("seed")
         pruned = CONTROL if cell.method == CONTROL else config_key(self.prune_config(cell))
-        # the preset's values are part of the key: editing a preset reruns RFT and what follows
-        return {**self._base(cell, "rft"), "pruned": pruned, **rft,
-                **({"seed": seed} if seed is not None else {}), "preset_values": PRESETS.get(rft["preset"])}
+        seeded = {"seed": seed} if seed is not None else {}
+        # the recipe's resolved values (dataclass defaults, preset, the profile's overrides, the replicate's seed) are
+        # part of the key: editing any of them reruns RFT and what follows, and the dry-run plan shows them
+        overrides = {k: v for k, v in rft.items() if k != "preset"} | seeded
+        recipe = RFTConfig.from_preset(rft["preset"], "<pruned>", "<dense>", "<out>", profile=self.profile,
+                                       **overrides).recipe()
+        return {**self._base(cell, "rft"), "pruned": pruned, **rft, **seeded, "preset_values": recipe}
 
     def eval_config(self, cell: Cell, rft: bool) -> dict:
         if cell.method == "baseline":
@@ -372,6 +376,7 @@ class _Runner:
     def run_eval(self, name: str, config: dict) -> dict:
         from state_reduction.backend import install_cpu_backend
         from state_reduction.checkpoints import load_model, load_tokenizer
+        from state_reduction.devices import compute_dtype, resolve_device
         from state_reduction.evaluation import evaluate
 
         cell = self._cell(config)
@@ -380,8 +385,9 @@ class _Runner:
         else:
             folder = self.ensure_rft(cell) if config["rft"] else self.ensure_pruned(cell)
         install_cpu_backend()
+        device = resolve_device(None)  # the GPU when present: lm-eval runs on the model's device
         with measure() as m:
-            model = load_model(str(folder))
+            model = load_model(str(folder), dtype=compute_dtype(device)).to(device)
             tokenizer = load_tokenizer(str(folder))
             model.eval()
             out = evaluate(model, tokenizer, suite=config["suite"], batch_size=config["batch_size"],
@@ -391,7 +397,7 @@ class _Runner:
                             metrics=out["metrics"], model=model_entry(folder), data=data, seeds={},
                             wall_time_s=m["wall_time_s"],
                             extra={k: out[k] for k in ("suite", "tasks", "n_examples", "lm_eval_version")}
-                            | {"data_files": out["data"]})
+                            | {"data_files": out["data"], "device": str(device)})
 
     @staticmethod
     def _cell(config: dict) -> Cell:
@@ -428,6 +434,19 @@ def _require_hub_for(profile: str, what: str) -> None:
                             f"or --dry-run to print the plan") from None
 
 
+def _check_offline_cache(profile: str, tables: list[str], experiment: str) -> bool:
+    """With HF_HUB_OFFLINE set and $STATE_REDUCTION_CACHE naming a prefetched cache (state-reduction prefetch), every
+    artefact of the tables must be there: the first missing one is an error before any compute. True when the run
+    is offline on such a cache (no hub check then)."""
+    cache = os.environ.get("STATE_REDUCTION_CACHE")
+    if not (os.environ.get("HF_HUB_OFFLINE") and cache):
+        return False
+    from state_reduction.prefetch import check_offline
+
+    check_offline(profile, tables, cache, experiment)
+    return True
+
+
 def plan_table(experiment: str | None, table: str, profile: str = "tiny", results_root=None,
                stages=STAGES, seeds=None) -> dict:
     """What run_table would run, without running, loading a model or calling the hub: per stage the result
@@ -451,7 +470,8 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile, seeds)
-    _require_hub_for(profile, f"make {table}")
+    if not _check_offline_cache(profile, [table], experiment):
+        _require_hub_for(profile, f"make {table}")
     evaluate = table_evaluate(spec, table, profile)
     check_context(spec, profile, keys, evaluate=evaluate[0])
     import torch

@@ -10,7 +10,32 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def project_root(cwd: str | Path | None = None, package_root: Path = PACKAGE_ROOT) -> Path:
+    """The clone a run belongs to: $STATE_REDUCTION_ROOT, else the nearest folder at or above the working
+    directory that is a clone of this project (pyproject.toml naming `state-reduction`, and experiments/), else
+    the clone the package is installed from. An editable install of clone A run inside clone B thus reads B's
+    experiments and writes B's results (issue 22), not A's."""
+    import os
+
+    env = os.environ.get("STATE_REDUCTION_ROOT")
+    if env:
+        return Path(env).resolve()
+    here = Path(cwd or os.getcwd()).resolve()
+    for folder in (here, *here.parents):
+        pyproject = folder / "pyproject.toml"
+        if (folder / "experiments").is_dir() and pyproject.is_file():
+            try:
+                if 'name = "state-reduction"' in pyproject.read_text():
+                    return folder
+            except OSError:
+                continue
+    return package_root
+
+
+REPO_ROOT = project_root()
 TINY_MODELS_DIR = REPO_ROOT / "experiments" / "tiny_models"
 TINY_CHECKPOINTS = TINY_MODELS_DIR / "checkpoints"
 TRACKED_PACKAGES = ("torch", "triton", "flash-linear-attention", "transformers", "peft", "lm-eval", "datasets",

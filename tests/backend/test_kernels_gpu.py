@@ -19,6 +19,11 @@ pytestmark = [
 ]
 
 TOLERANCE = {torch.float32: 5e-3, torch.bfloat16: 2e-2}
+# SR_KERNEL_SHAPES=paper (scripts/gpu_check.sh): the paper's 1.3B shapes, one 2048-token sequence; DeltaNet 16 heads
+# x 128 (fla-hub/delta_net-1.3B-100B), Gated DeltaNet 8 heads x 256 (experiments/rehearsal/configs). Default: small.
+PAPER_SHAPES = __import__("os").environ.get("SR_KERNEL_SHAPES") == "paper"
+DELTA_SHAPE = dict(B=1, T=2048, H=16, K=128, V=128) if PAPER_SHAPES else dict(B=2, T=300, H=4, K=64, V=64)
+GATED_SHAPE = dict(B=1, T=2048, H=8, HV=8, K=256, V=256) if PAPER_SHAPES else dict(B=2, T=300, H=2, HV=4, K=64, V=128)
 
 
 def kernel(function):
@@ -38,7 +43,8 @@ def run_with_grads(fn, inputs, do, dht, **kwargs):
     return o, ht, {n: t.grad for n, t in leaves.items() if t.grad is not None}
 
 
-def delta_inputs(dtype, B=2, T=300, H=4, K=64, V=64, N=None):
+def delta_inputs(dtype, B=None, T=None, H=None, K=None, V=None, N=None):
+    B, T, H, K, V = (DELTA_SHAPE[n] if x is None else x for n, x in zip("BTHKV", (B, T, H, K, V)))
     gen = torch.Generator(device='cuda').manual_seed(0)
     N = B if N is None else N
     return dict(
@@ -50,7 +56,9 @@ def delta_inputs(dtype, B=2, T=300, H=4, K=64, V=64, N=None):
     )
 
 
-def gated_inputs(dtype, B=2, T=300, H=2, HV=4, K=64, V=128, N=None):
+def gated_inputs(dtype, B=None, T=None, H=None, HV=None, K=None, V=None, N=None):
+    B, T, H, HV, K, V = (GATED_SHAPE[n] if x is None else x
+                         for n, x in zip(("B", "T", "H", "HV", "K", "V"), (B, T, H, HV, K, V)))
     gen = torch.Generator(device='cuda').manual_seed(0)
     N = B if N is None else N
     return dict(

@@ -130,3 +130,43 @@ def test_interrupted_save_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), method="l1", ratio=0.5, out=str(tmp_path / "o")))
     assert list(tmp_path.iterdir()) == []
+
+
+def _bf16_copy(tmp_path: Path, family: str) -> Path:
+    from transformers import AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(CHECKPOINTS / family)).to(torch.bfloat16)
+    out = tmp_path / f"{family}-bf16"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(CHECKPOINTS / family)).save_pretrained(out)
+    return out
+
+
+def test_bf16_checkpoint_calibrates_in_fp32_on_cpu_and_saves_bf16(tmp_path):
+    """Issue 22: a CPU without native bf16 runs bf16 ~8x slower; the CPU computes in fp32, the output keeps bf16.
+    The selection equals the one computed from an fp32 load of the same bf16 weights."""
+    src = _bf16_copy(tmp_path, "gated_deltanet")
+    record = prune(PruneConfig(model=str(src), method="wanda", ratio=0.5, out=str(tmp_path / "out"), **FAST))
+    assert record["device"] == "cpu" and record["compute_dtype"] == "torch.float32"
+    assert record["saved_dtype"] == "torch.bfloat16"
+    reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+    assert next(reloaded.parameters()).dtype == torch.bfloat16
+    assert record["peak_memory_bytes"] == record["peak_rss_bytes"] > 0  # CPU work: the host's peak
+
+
+def test_grad_calibration_micro_batches_equal_one_forward(monkeypatch):
+    """Grad's gradient sums are additive over windows: one window per forward (the paper profile's default at
+    2048 tokens) gives the scores of four windows per forward."""
+    from state_reduction.pruning.calibration import calibrate
+    from state_reduction.pruning.prune import grad_batch_size
+
+    assert grad_batch_size(PruneConfig(model="m", method="grad", ratio=0.5, out="o", seq_len=2048, batch_size=4)) == 1
+    assert grad_batch_size(PruneConfig(model="m", method="grad", ratio=0.5, out="o", seq_len=256, batch_size=8)) == 8
+    model = AutoModelForCausalLM.from_pretrained(str(CHECKPOINTS / "deltanet"))
+    adapter = get_adapter(model)
+    windows = torch.randint(0, model.config.vocab_size, (4, 48), generator=torch.Generator().manual_seed(0))
+    one = calibrate(model, adapter, windows, batch_size=4, gradients=True)
+    micro = calibrate(model, adapter, windows, batch_size=1, gradients=True)
+    for layer in one:
+        torch.testing.assert_close(micro[layer].saliency_q, one[layer].saliency_q, rtol=1e-4, atol=1e-8)
+        torch.testing.assert_close(micro[layer].saliency_k, one[layer].saliency_k, rtol=1e-4, atol=1e-8)

@@ -154,7 +154,8 @@ def test_cli_bad_input_is_one_line_and_exit_code_2(tmp_path, pruned_deltanet, ch
                "--preset", "tiny", "--set", "progress=false"])
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("state-reduction")]
     assert rc == 2 and len(err) == 1 and err[0].startswith("state-reduction rft: error: teacher")
-    rc = main(["rft", pruned_deltanet, "--no-teacher", "--out", str(tmp_path / "y"), "--set", "lora_targets=[q_conv1d]"])
+    rc = main(["rft", pruned_deltanet, "--no-teacher", "--out", str(tmp_path / "y"), "--preset", "tiny",
+               "--set", "lora_targets=[q_conv1d]", "--set", "progress=false"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and "ShortConvolution" in err[-1]
 
@@ -193,3 +194,53 @@ def test_resume_with_no_steps_left_reports_the_runs_throughput(merged_run, tmp_p
     assert again["metrics"]["steps"] == record["metrics"]["steps"]
     assert again["metrics"]["tokens_per_s"] > 0
     assert again["metrics"]["final_loss"] == record["metrics"]["final_loss"]
+
+
+def test_bf16_checkpoint_trains_norms_and_biases_in_fp32(tmp_path, pruned_deltanet, dense_deltanet, small_config):
+    """Issue 22: on a bf16 student, norm and bias updates of ~lr round away in bf16 (0 of 103,424 norm elements
+    changed in 2 steps); fp32 master weights move every trainable norm. The merged model is saved in bf16."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from state_reduction.rft.targets import extra_trainable
+
+    student = AutoModelForCausalLM.from_pretrained(pruned_deltanet).to(torch.bfloat16)
+    bf16 = tmp_path / "student-bf16"
+    student.save_pretrained(bf16)
+    AutoTokenizer.from_pretrained(pruned_deltanet).save_pretrained(bf16)
+    record = run_rft(small_config(str(bf16), dense_deltanet, tmp_path / "run", steps=2, save_every=2, lr=1e-4))
+    assert record["extra"]["master_dtype"] == "float32" and record["extra"]["saved_dtype"] == "torch.bfloat16"
+    trained = _state(tmp_path / "run")["trainable"]
+    names = [n for n in trained if "norm" in n and "lora" not in n]
+    assert names and all(trained[n].dtype == torch.float32 for n in names)
+    before = dict(AutoModelForCausalLM.from_pretrained(str(bf16), dtype=torch.float32).named_parameters())
+    moved = [n for n in names if not torch.equal(trained[n], before[n.removeprefix("base_model.model.")])]
+    assert len(moved) == len(names), f"{len(names) - len(moved)} of {len(names)} norm tensors did not move"
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "run" / "model"))
+    assert next(merged.parameters()).dtype == torch.bfloat16
+    assert set(extra_trainable(merged, ["norm"]))
+
+
+def test_unreachable_corpus_fails_before_any_model_loads(tmp_path, pruned_deltanet, dense_deltanet, small_config,
+                                                         monkeypatch):
+    loads = []
+    monkeypatch.setattr(rft_trainer, "load_causal_lm", lambda *a, **k: loads.append(a) or None)
+    with pytest.raises(Exception, match="no-such-corpus"):
+        run_rft(small_config(pruned_deltanet, dense_deltanet, tmp_path / "run", corpora=["no-such-corpus"]))
+    assert loads == []
+
+
+def test_merge_needs_no_third_model_copy(tmp_path, pruned_deltanet, dense_deltanet, small_config, monkeypatch):
+    """The final merge happens in place on the trained student after the teacher is freed: two loads in all."""
+    loads = []
+    real = rft_trainer.load_causal_lm
+    monkeypatch.setattr(rft_trainer, "load_causal_lm", lambda path, what, **k: loads.append(what) or real(path, what, **k))
+    run_rft(small_config(pruned_deltanet, dense_deltanet, tmp_path / "run", steps=1, save_every=1))
+    assert loads == ["student", "teacher"]
+
+
+def test_paper_recipe_micro_batches_by_default():
+    from state_reduction.rft import RFTConfig
+
+    paper = RFTConfig.from_preset("paper", "s", "t", "o")
+    assert paper.micro_batch_size == 2 and paper.batch_size == 16 and paper.seq_len == 2048
+    assert RFTConfig.from_preset("tiny", "s", "t", "o").micro_batch_size is None

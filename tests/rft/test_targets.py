@@ -70,3 +70,24 @@ def test_flame_export_carries_the_recipe_and_refuses_transformers_families(tmp_p
         assert flag in text
     with pytest.raises(RFTError, match="mamba2"):
         export_for_flame(RFTConfig(student=str(CHECKPOINTS / "mamba2"), teacher=None, out="o"), tmp_path / "m")
+
+
+def test_flame_export_checks_the_recorded_gdn_value_dim(tmp_path):
+    """Pruned GDN rewrites expand_v (1.0 -> 2.0 at 50%) to keep head_v_dim; config.json records value_head_dim
+    and the flame export refuses a config whose expand_v no longer gives it."""
+    import json
+
+    from state_reduction.pruning.prune import PruneConfig, prune
+    from state_reduction.rft.flame import export_for_flame
+
+    out = tmp_path / "gdn-50"
+    prune(PruneConfig(model=str(CHECKPOINTS / "gated_deltanet"), method="l1", ratio=0.5, out=str(out)))
+    dense = json.loads((CHECKPOINTS / "gated_deltanet" / "config.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    assert config["value_head_dim"] == int(dense["head_dim"] * dense["expand_v"])
+    assert int(config["head_dim"] * config["expand_v"]) == config["value_head_dim"]
+    export_for_flame(RFTConfig(student=str(out), teacher=None, out="o"), tmp_path / "flame")
+    config["expand_v"] = dense["expand_v"]  # a reader that kept the dense expand_v
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="value_head_dim 128 != int\\(head_dim 32 x expand_v"):
+        export_for_flame(RFTConfig(student=str(out), teacher=None, out="o"), tmp_path / "flame2")

@@ -20,6 +20,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from state_reduction.errors import MissingInputError
 
 GIB = 1024**3
+# Grad: autograd keeps per block more than the block's Linear outputs where the q/k gradient flows (the chunked
+# delta-rule intermediates, the norms' and activations' inputs, q/k after conv). Measured with HeapPeak (Grad
+# calibration, CPU references, fp32, vocab 32000) on 1.3B-width DeltaNet and Gated DeltaNet, two blocks minus
+# one, 128 and 256 tokens: after the q/k gradient sums, 1.5x (DeltaNet) and 1.9x (GDN) B T sum(out_features) x
+# 4 bytes (issue 22: the plan without it predicted 9.16 GiB where 14.66 GiB were measured). fla's Triton
+# kernels on a GPU save other tensors: measure there (experiments/rehearsal/README.md).
+AUTOGRAD_SAVED_PER_OUTPUT = 1.7
 
 
 @dataclass(frozen=True)
@@ -52,24 +59,36 @@ ARCHITECTURES = {
 
 
 def build_config(name_or_path: str):
-    """The config of a named architecture (ARCHITECTURES) or of a checkpoint folder / config.json."""
+    """The config of a named architecture (ARCHITECTURES), a speed preset (`dn-1.3b`, `gdn-1.3b`), a checkpoint
+    folder or config.json, or a hub id (read from the hub, or from the local cache when HF_HUB_OFFLINE=1)."""
     from pathlib import Path
 
     from transformers import AutoConfig
 
     import state_reduction  # noqa: F401  (Auto-class registration)
     from state_reduction.models.registry import build_config as family_config
+    from state_reduction.speed.models import PRESETS
 
     if name_or_path in ARCHITECTURES:
         arch = ARCHITECTURES[name_or_path]
         return family_config(arch.family, **arch.config)
+    if name_or_path in PRESETS:
+        family, kwargs = PRESETS[name_or_path]
+        return family_config(family, **kwargs)
     path = Path(name_or_path)
-    if not path.exists():
-        raise MissingInputError(f"memory-plan: {name_or_path!r} is neither a known architecture "
-                                f"({', '.join(ARCHITECTURES)}) nor a checkpoint folder or config.json")
     if path.is_file():
         return AutoConfig.for_model(**json.loads(path.read_text()))
-    return AutoConfig.from_pretrained(str(path))
+    if path.is_dir():
+        return AutoConfig.from_pretrained(str(path))
+    known = ", ".join([*ARCHITECTURES, *PRESETS])
+    if name_or_path.count("/") != 1 or name_or_path.startswith((".", "/", "~")):
+        raise MissingInputError(f"memory-plan: {name_or_path!r} is neither a known architecture ({known}) nor a "
+                                "checkpoint folder, config.json or hub id (owner/name)")
+    try:
+        return AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError) as e:
+        raise MissingInputError(f"memory-plan: hub id {name_or_path!r}: its config.json cannot be read ({e}); "
+                                f"known architectures: {known}") from None
 
 
 def _meta_model(config):
@@ -83,9 +102,11 @@ def _numel(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, weight_bytes: int = 2) -> dict:
-    """Bytes per term of calibration for `config` at `n_calib` windows of `seq_len` tokens, `batch_size` per forward,
-    weights of `weight_bytes` (bf16: 2).
+def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, weight_bytes: int = 2,
+         grad_tokens: int = 2048) -> dict:
+    """Bytes per term of calibration for `config` at `n_calib` windows of `seq_len` tokens, `batch_size` per forward
+    (never more than `n_calib`; Grad: at most `grad_tokens` tokens per forward, as `prune` runs it), weights of
+    `weight_bytes` (bf16: 2).
 
     Exact (meta model): weights, the largest block, everything outside the blocks, q/k rows, statistics.
     Estimates: `block_activations` = every Linear output and conv channel of one block alive at once for one
@@ -103,7 +124,9 @@ def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, w
     outside = sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
     H, K = adapter.key_heads(config)
     d = config.hidden_size
-    tokens = batch_size * seq_len
+    batch_size = min(batch_size, n_calib)
+    grad_batch = max(1, min(batch_size, grad_tokens // seq_len))
+    tokens, grad_tok = batch_size * seq_len, grad_batch * seq_len
     resid = 4 if getattr(config, "residual_in_fp32", False) else weight_bytes
 
     def widths(block):
@@ -122,31 +145,36 @@ def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, w
         "largest_block": max(_numel(b) for b in blocks) * weight_bytes,
         "outside_blocks": outside * weight_bytes,  # embeddings, final norm, lm_head
         "block_activations": tokens * max(widths(b) for b in blocks) * weight_bytes,
+        # Grad: one forward of grad_tok tokens, every block's autograd-saved tensors alive at the backward
+        "grad_block_saved": round(grad_tok * max(widths(b) for b in blocks) * weight_bytes * AUTOGRAD_SAVED_PER_OUTPUT),
+        "grad_batch_hidden": grad_tok * d * resid,
         "hook_copies": tokens * (4 * H * K + 2 * max(qk_in.values())) * 8,
+        "grad_hook_copies": grad_tok * (4 * H * K + 2 * max(qk_in.values())) * 8,
         "statistics": n_mixers * ((4 * H * K * K + 2 * H * K) * 8 + max(qk_in.values()) * 8),
         "hidden_store": n_calib * seq_len * d * resid,  # host: every window's hidden states
         "batch_hidden": tokens * d * resid,
-        "logits": tokens * config.vocab_size * 10,
+        "logits": grad_tok * config.vocab_size * 10,
         "qk_gradient_sums": sum(2 * H * K * qk_in[r.layer] for r in mixers) * weight_bytes,
         "projection_gradient": proj * weight_bytes,  # one q/k projection's gradient before QKGradients slices it
-        "boundaries": (len(blocks) + 1) * tokens * d * resid,  # host, Grad: one batch's block inputs
+        "boundaries": (len(blocks) + 1) * grad_tok * d * resid,  # host, Grad: one batch's block inputs
     }
     L = len(blocks)
     device = {
         "all_at_once_forward": t["weights"] + t["block_activations"] + t["hook_copies"] + t["statistics"]
         + 2 * t["batch_hidden"],
-        "all_at_once_grad": t["weights"] + L * (t["block_activations"] + t["batch_hidden"]) + t["hook_copies"]
+        "all_at_once_grad": t["weights"] + L * (t["grad_block_saved"] + t["grad_batch_hidden"]) + t["grad_hook_copies"]
         + t["statistics"] + t["logits"] + t["qk_gradient_sums"] + t["projection_gradient"],
         "streamed_forward": t["largest_block"] + t["outside_blocks"] + t["block_activations"] + t["hook_copies"]
         + t["statistics"] + 2 * t["batch_hidden"],
-        "streamed_grad": t["largest_block"] + t["outside_blocks"] + 2 * t["block_activations"] + t["hook_copies"]
-        + t["statistics"] + max(t["logits"], 3 * t["batch_hidden"]) + t["projection_gradient"],
+        "streamed_grad": t["largest_block"] + t["outside_blocks"] + t["grad_block_saved"] + t["grad_hook_copies"]
+        + t["statistics"] + max(t["logits"], 3 * t["grad_batch_hidden"]) + t["projection_gradient"],
     }
     host = {
         "streamed_forward": t["weights"] + t["hidden_store"] + t["batch_hidden"],
         "streamed_grad": t["weights"] + t["boundaries"] + t["qk_gradient_sums"],
     }
     return {"model_type": config.model_type, "n_calib": n_calib, "seq_len": seq_len, "batch_size": batch_size,
+            "grad_batch_size": grad_batch,
             "weight_bytes": weight_bytes, "parameters": _numel(model), "blocks": L, "reducible_layers": n_mixers,
             "key_heads": H, "key_dim": K, "hidden_size": d, "vocab_size": config.vocab_size,
             "terms": t, "device": device, "host": host}
@@ -161,7 +189,7 @@ def format_plan(p: dict, title: str = "") -> str:
     lines = [f"{title or p['model_type']}: {count} parameters, {p['blocks']} blocks "
              f"({p['reducible_layers']} reducible, {p['key_heads']} key heads x {p['key_dim']}), hidden "
              f"{p['hidden_size']}, vocab {p['vocab_size']}; calibration {p['n_calib']} x {p['seq_len']} tokens, "
-             f"batch {p['batch_size']}, weights {p['weight_bytes']} bytes each"]
+             f"batch {p['batch_size']} (Grad: {p['grad_batch_size']}), weights {p['weight_bytes']} bytes each"]
     lines += [f"  {name:<22}{g(b)}" for name, b in p["terms"].items()]
     lines.append("  peak on the compute device:")
     lines += [f"    {name:<20}{g(b)}" for name, b in p["device"].items()]
@@ -234,7 +262,7 @@ def measure(path: str, n_calib: int = 8, seq_len: int = 256, batch_size: int = 4
 def _cmd_memory_plan(args) -> int:
     config = build_config(args.model)
     weight_bytes = {"bfloat16": 2, "float32": 4}[args.dtype]
-    p = plan(config, args.n_calib, args.seq_len, args.batch_size, weight_bytes)
+    p = plan(config, args.n_calib, args.seq_len, args.batch_size, weight_bytes, args.grad_tokens)
     arch = ARCHITECTURES.get(args.model)
     print(format_plan(p, arch.name if arch else args.model))
     if arch:
@@ -256,10 +284,13 @@ def _cmd_memory_plan(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("memory-plan", help="device and host memory of calibration, all at once and layer-streamed")
-    p.add_argument("model", help=f"{', '.join(ARCHITECTURES)}, a checkpoint folder or a config.json")
+    p.add_argument("model", help=f"{', '.join(ARCHITECTURES)}, dn-1.3b, gdn-1.3b, a checkpoint folder, a config.json "
+                   "or a hub id")
     p.add_argument("--n-calib", type=int, default=128, help="calibration windows (paper profile: 128)")
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per window (paper profile: 2048)")
     p.add_argument("--batch-size", type=int, default=1, help="windows per forward (paper profile: 1)")
+    p.add_argument("--grad-tokens", type=int, default=2048,
+                   help="Grad: tokens per forward (prune's grad_tokens; windows per forward = this // seq-len)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weight dtype")
     p.add_argument("--measure", action="store_true",
                    help="also run calibration of the checkpoint on CPU and report measured heap peaks")

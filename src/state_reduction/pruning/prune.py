@@ -36,7 +36,11 @@ class PruneConfig:
     overwrite: bool = False
     data_dir: str | None = None
     stream_layers: bool = False  # calibrate with one decoder block at a time on `device` (7B-9B models, issue 8)
-    device: str | None = None  # compute device of calibration (None: where the model loads, the CPU)
+    device: str | None = None  # compute device of calibration (None or auto: the GPU when present, else the CPU)
+    # Grad's backward keeps every block's activations of one forward: at most this many tokens per forward
+    # (windows per forward = max(1, grad_tokens // seq_len), never above batch_size). The gradient sums are
+    # additive over windows, so the scores do not depend on it beyond float summation order.
+    grad_tokens: int = 2048
 
     def validate(self) -> None:
         get_selector(self.method)
@@ -46,22 +50,18 @@ class PruneConfig:
             raise InputError(f"--ratio: compression ratio must be in [0, 1) (fraction of key channels removed), "
                              f"got {self.ratio}")
         for option, value, least in (("--n-calib", self.n_calib, 1), ("--seq-len", self.seq_len, 2),
-                                     ("--batch-size", self.batch_size, 1), ("--multiple", self.multiple or 1, 1)):
+                                     ("--batch-size", self.batch_size, 1), ("--multiple", self.multiple or 1, 1),
+                                     ("grad_tokens", self.grad_tokens, 1)):
             if not isinstance(value, int) or value < least:
                 raise InputError(f"{option} must be an integer >= {least}, got {value!r}")
-        if self.device is not None:
-            device = torch.device(self.device)
-            if device.type == "cuda" and not torch.cuda.is_available():
-                raise InputError(f"--device {self.device}: torch.cuda.is_available() is False on this machine")
+        from state_reduction.devices import resolve_device
+        resolve_device(self.device)
         check_output(self.out, directory=True, overwrite=self.overwrite)
 
 
-def _peak_memory_bytes() -> int:
-    if torch.cuda.is_available():
-        return int(torch.cuda.max_memory_allocated())
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+def grad_batch_size(cfg: PruneConfig) -> int:
+    """Windows per forward of Grad calibration (PruneConfig.grad_tokens)."""
+    return max(1, min(cfg.batch_size, cfg.grad_tokens // cfg.seq_len))
 
 
 def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = None) -> dict:
@@ -78,6 +78,14 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     from state_reduction.pruning.streaming import calibrate_streaming
     from state_reduction.pruning.surgery import reduce_model, save_reduced
 
+    from state_reduction.devices import (
+        checkpoint_dtype,
+        compute_dtype,
+        host_peak_rss_bytes,
+        peak_memory_bytes,
+        resolve_device,
+    )
+
     cfg.validate()
     t0 = time.time()
     install_cpu_backend()
@@ -86,10 +94,13 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     tokenizer = load_tokenizer(cfg.model)
     if cfg.method in NEEDS_CALIBRATION:
         check_length_option(cfg.seq_len, "--seq-len", config, tokenizer, model_dir=cfg.model, name=cfg.model)
-    model = load_model(cfg.model)
+    device = resolve_device(cfg.device)
+    saved_dtype = checkpoint_dtype(config)
+    model = load_model(cfg.model, dtype=compute_dtype(device))
     adapter = get_adapter(model)
-    if cfg.device is not None and not cfg.stream_layers:
-        model.to(cfg.device)
+    run_dtype = next(model.parameters()).dtype
+    if not cfg.stream_layers:
+        model.to(device)
     H, K = adapter.key_heads(model.config)
     keep = keep_count(K, cfg.ratio, cfg.multiple, cfg.power_of_two)
     state_before = adapter.state_bytes_per_sequence(model.config)
@@ -98,12 +109,12 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     if cfg.method in NEEDS_CALIBRATION and keep < K:
         windows = sample_sequences(tokenizer, cfg.calib, n=cfg.n_calib, seq_len=cfg.seq_len, seed=cfg.seed,
                                    stream="calibration", data_dir=cfg.data_dir)
+        gradients = cfg.method in NEEDS_GRADIENTS
+        batch = grad_batch_size(cfg) if gradients else cfg.batch_size
         if cfg.stream_layers:
-            stats = calibrate_streaming(model, adapter, windows, batch_size=cfg.batch_size,
-                                        gradients=cfg.method in NEEDS_GRADIENTS, device=cfg.device)
+            stats = calibrate_streaming(model, adapter, windows, batch_size=batch, gradients=gradients, device=device)
         else:
-            stats = calibrate(model, adapter, windows, batch_size=cfg.batch_size,
-                              gradients=cfg.method in NEEDS_GRADIENTS)
+            stats = calibrate(model, adapter, windows, batch_size=batch, gradients=gradients)
         calibration = {"corpus": cfg.calib, "stream": "calibration", "n": cfg.n_calib, "seq_len": cfg.seq_len,
                        "tokens": int(windows.numel()), "seed": cfg.seed,
                        "sha256": get_corpus_info(cfg.calib).sha256}
@@ -115,6 +126,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
         selections[ref.layer] = select(cfg.method, stats.get(ref.layer), w_q.detach(), w_k.detach(), keep,
                                        cfg.select, generator, ref.layer)
     reduce_model(model, selections)
+    model.to(saved_dtype)  # computed in fp32 on a CPU; saved in the checkpoint's own dtype
     state_after = adapter.state_bytes_per_sequence(model.config)
     rotations = {f"layer{layer}": sel.rotation.contiguous() for layer, sel in selections.items()
                  if sel.rotation is not None}
@@ -126,6 +138,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
                       else {"rotation_shape": list(sel.rotation.shape)} for layer, sel in selections.items()},
         "selection_rotations": "selection_rotations.safetensors" if rotations else None,
         "calibration": calibration,
+        "device": str(device), "compute_dtype": str(run_dtype), "saved_dtype": str(saved_dtype),
         "provenance": collect_provenance(),
     }
 
@@ -134,7 +147,8 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
             from safetensors.torch import save_file
 
             save_file(rotations, os.fspath(folder / "selection_rotations.safetensors"))
-        record.update(wall_time_s=round(time.time() - t0, 2), peak_memory_bytes=_peak_memory_bytes())
+        record.update(wall_time_s=round(time.time() - t0, 2), peak_memory_bytes=peak_memory_bytes(device),
+                      peak_rss_bytes=host_peak_rss_bytes())
         write_json_atomic(folder / "selection.json", record)
         if write_extra is not None:
             write_extra(folder, record)

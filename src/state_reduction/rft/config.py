@@ -41,7 +41,9 @@ class RFTConfig:
     corpora: list[str] = field(default_factory=lambda: ["fineweb-edu"])
     steps: int = 2000
     batch_size: int = 16  # global, over all processes
-    micro_batch_size: int | None = None  # per process and forward; None: the whole local batch
+    # per process and forward; None: the whole local batch. 2 x 2048 tokens keeps the full-vocab logits, their
+    # fp32 copies and gradients at ~4 GiB where 16 x 2048 in one forward would need ~31 GiB (issue 22)
+    micro_batch_size: int | None = 2
     seq_len: int = 2048
     lr: float = 1e-4
     min_lr_ratio: float = 0.1
@@ -111,6 +113,11 @@ class RFTConfig:
         """The fields that determine the computation (what a resumed run must share)."""
         return {k: v for k, v in self.to_dict().items() if k not in NON_IDENTITY}
 
+    def recipe(self) -> dict:
+        """The identity fields without the models: every value that decides what RFT computes (the pipeline's
+        RFT key holds these, so editing a default or a preset reruns RFT and what follows)."""
+        return {k: v for k, v in self.identity().items() if k not in ("student", "teacher")}
+
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(self.identity(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -169,7 +176,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": {},
     "tiny": {
         "profile": "tiny", "corpora": ["ptb", "wiki"], "steps": 32, "batch_size": 8, "seq_len": 128,
-        "lr": 1e-3, "warmup_steps": 3, "save_every": 16, "threads": 1,
+        "lr": 1e-3, "warmup_steps": 3, "save_every": 16, "threads": 1, "micro_batch_size": None,
         "resume": True,  # a rerun (make) continues a killed run or returns the finished record
     },
 }

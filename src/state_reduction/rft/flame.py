@@ -43,6 +43,10 @@ def export_for_flame(cfg: RFTConfig, dump_folder: str | Path) -> Path:
         raise RFTError(f"{cfg.student}: model_type {config.get('model_type')!r}; the flame export covers fla's "
                        f"{', '.join(FLAME_FAMILIES)} (flame's `import fla` re-registers mamba2 to fla's Mamba-2, "
                        "which disagrees with transformers for n_groups > 1; Qwen3.5 is a transformers model)")
+    if config["model_type"] == "gated_deltanet":  # flame builds the model from config.json: expand_v must hold
+        from state_reduction.pruning.adapters.gated_deltanet import check_value_dim
+
+        check_value_dim(config, f"{cfg.student}/config.json")
     dump = Path(dump_folder)
     dump.mkdir(parents=True, exist_ok=True)
     seed = dump / "checkpoint" / "step-0"

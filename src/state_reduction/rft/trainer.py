@@ -119,11 +119,13 @@ class DistContext:
 
 # ------------------------------------------------------------------------------------------- models
 
-def load_causal_lm(path: str, what: str):
-    """checkpoints.load_model: files, config and finite weights checked; a failure names the file."""
+def load_causal_lm(path: str, what: str, dtype: torch.dtype | str = torch.float32):
+    """checkpoints.load_model (files, config and finite weights checked; a failure names the file) in `dtype`:
+    float32 by default, so that a bf16 checkpoint's trainable parameters (LoRA, norms, biases, convs) keep fp32
+    master weights (in bf16, updates of lr 1e-4 round away: issue 22)."""
     from state_reduction.checkpoints import load_model
 
-    return load_model(path, what)
+    return load_model(path, what, dtype=dtype)
 
 
 def check_pair(student, teacher, student_path: str, teacher_path: str) -> None:
@@ -416,16 +418,21 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
     if cfg.batch_size % ctx.world:
         raise RFTError(f"batch_size {cfg.batch_size} is not divisible by the {ctx.world} processes")
     local_batch = cfg.batch_size // ctx.world
-    micro = cfg.micro_batch_size or local_batch
+    micro = min(cfg.micro_batch_size or local_batch, local_batch)
     if local_batch % micro:
         raise RFTError(f"micro_batch_size {micro} does not divide the per-process batch {local_batch}")
 
     install_cpu_backend()
-    student = load_causal_lm(cfg.student, "student")
+    from state_reduction.checkpoints import load_config
+    from state_reduction.devices import checkpoint_dtype, compute_dtype
+
     tokenizer = load_tokenizer(cfg.student, "student")
+    saved_dtype = checkpoint_dtype(load_config(cfg.student, "student"))
+    windows, data = finetune_windows(tokenizer, cfg)  # an unreachable corpus fails before any model loads
+    student = load_causal_lm(cfg.student, "student")  # fp32 master weights; autocast computes in bf16 on CUDA
     teacher = None
     if cfg.teacher is not None:
-        teacher = load_causal_lm(cfg.teacher, "teacher")
+        teacher = load_causal_lm(cfg.teacher, "teacher", dtype=compute_dtype(ctx.device))  # frozen: its own dtype
         check_pair(student, teacher, cfg.student, cfg.teacher)
         teacher.requires_grad_(False).eval()
     from state_reduction.pruning.adapters import get_adapter
@@ -438,8 +445,6 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
     model.train()
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_lora = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and "lora_" in n)
-
-    windows, data = finetune_windows(tokenizer, cfg)
 
     ppl_before = {}
     state_path = out / STATE_FILE
@@ -563,10 +568,17 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
         final_state = trainable_state(model)
         metrics = _metrics(history, cfg, wall_before + train_s)
         model_dir = out / MODEL_DIR
+        teacher = t_logits = s_logits = loss = None  # free the teacher before the merge: no third model copy
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
         if ctx.main:
             from state_reduction.checkpoints import save_model_atomic
 
-            merged = merged_model(cfg.student, cfg, final_state)
+            if ctx.mode == "fsdp":  # the sharded model cannot merge in place: a fresh CPU student takes the state
+                merged = merged_model(cfg.student, cfg, final_state)
+            else:
+                merged = model.merge_and_unload()  # in place, on the trained student
+            merged.eval()
             for corpus, ppl in ppl_before.items():
                 metrics[f"{corpus}_ppl_before"] = ppl
             if cfg.eval_corpora:
@@ -579,7 +591,7 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
 
                 write_json_atomic(folder / "rft_config.json", cfg.to_dict())
 
-            save_model_atomic(merged, tokenizer, model_dir, overwrite=True, write_extra=write_extra)
+            save_model_atomic(merged.to(saved_dtype), tokenizer, model_dir, overwrite=True, write_extra=write_extra)
         ctx.barrier()
         # load, data, training (earlier attempts' loops included), merge and save; held-out evaluation excluded
         metrics["wall_time_s"] = wall_before + time.time() - t_start - eval_s
@@ -598,6 +610,8 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
                        "lora_targets": lora_targets,
                        "trainable_parameters": n_trainable, "lora_parameters": n_lora, "world_size": ctx.world,
                        "distributed": ctx.mode, "device": str(ctx.device), "wandb_dir": logger.wandb_dir,
+                       "master_dtype": "float32", "saved_dtype": str(saved_dtype),
+                       "micro_batch_size": micro,
                        "log": LOG_FILE, "checkpoint": STATE_FILE})
             write_result(out / RESULT_FILE, record)
         record = ctx.gather_object(record)[0] if ctx.enabled else record

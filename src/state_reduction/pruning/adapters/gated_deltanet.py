@@ -74,6 +74,9 @@ class GatedDeltaNetAdapter(FlaKeyChannelAdapter):
         num_v_heads = config.num_v_heads or config.num_heads
         config.expand_v = expand_v_for(head_v_dim, new_k, num_v_heads)
         config.head_dim = new_k
+        # expand_v is now head_v_dim / new_k (2.0, 4.0, 1.4382...): readers that take it as the model's value
+        # expansion get it wrong, so the value head dimension is recorded as a number (check_value_dim)
+        config.value_head_dim = head_v_dim
 
     def state_bytes_per_sequence(self, config, dtype: torch.dtype = torch.bfloat16) -> int:
         """Sum over GatedDeltaNet layers (not fla hybrid attention layers) of H_v * K * V * bytes: the
@@ -81,3 +84,14 @@ class GatedDeltaNetAdapter(FlaKeyChannelAdapter):
         h_v = config.num_v_heads or config.num_heads
         v = int(config.head_dim * config.expand_v)
         return _n_linear_layers(config) * h_v * config.head_dim * v * torch.empty((), dtype=dtype).element_size()
+
+
+def check_value_dim(config, where: str) -> int:
+    """The value head dimension of a GatedDeltaNet config: int(head_dim * expand_v), which must equal the recorded
+    `value_head_dim` of a pruned checkpoint. Returns it; a mismatch is an error naming both."""
+    head_v_dim = int(config["head_dim"] * config["expand_v"])
+    recorded = config.get("value_head_dim")
+    if recorded is not None and recorded != head_v_dim:
+        raise ValueError(f"{where}: GatedDeltaNet value_head_dim {recorded} != int(head_dim {config['head_dim']} x "
+                         f"expand_v {config['expand_v']}) = {head_v_dim}; set expand_v = value_head_dim / head_dim")
+    return head_v_dim
