@@ -360,7 +360,7 @@ def verdicts_from_evidence(experiment: str, profile: str = "tiny") -> list[Verdi
     verdicts = []
     for c in load_claims(experiment, profile):
         entry = stored.get(c.id)
-        if entry is None or entry["definition"] != c.definition():
+        if entry is None or _essential(entry["definition"]) != _essential(c.definition()):
             what = "is new" if entry is None else "changed"
             raise ClaimError(f"claim {c.id!r} ({c.source}) {what} since {_rel(path)} was written; "
                              f"rerun `state-reduction verdicts {experiment} --profile {profile} --write`")
@@ -368,6 +368,13 @@ def verdicts_from_evidence(experiment: str, profile: str = "tiny") -> list[Verdi
         verdicts.append(decide(c, _pairs(entry["samples"]["lhs"]),
                                float(rhs) if isinstance(rhs, (int, float)) else _pairs(rhs)))
     return verdicts
+
+
+def _essential(definition: dict) -> dict:
+    """A claim definition without its optional fields at their defaults, so that evidence written before an option
+    existed still matches the claim."""
+    defaults = {"paper": "", "pair_by": None, "relative": False, "margin": 0.0, "profile": None, "rhs_fixed": False}
+    return {k: v for k, v in definition.items() if not (k in defaults and v == defaults[k])}
 
 
 def evidence_path(experiment: str, profile: str) -> Path:
