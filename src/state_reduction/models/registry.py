@@ -70,6 +70,9 @@ def register_auto_classes() -> None:
     from state_reduction.models.shared_conv import register_shared_conv_auto_classes
 
     register_shared_conv_auto_classes()
+    from state_reduction.models.shed import register_shed_auto_classes
+
+    register_shed_auto_classes()
     _registered = True
 
 

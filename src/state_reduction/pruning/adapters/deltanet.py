@@ -22,6 +22,7 @@ from state_reduction.pruning.adapters.base import (
     replace_conv_channels,
     replace_linear_rows,
 )
+from state_reduction.pruning.adapters.structure import StructureLayout
 from state_reduction.pruning.types import InputHook, KeyChannelAdapter, KeyChannelSelection, MixerRef, QKHook
 
 
@@ -117,6 +118,7 @@ class DeltaNetAdapter(FlaKeyChannelAdapter):
     family = "DeltaNet"
     required_fields = ("hidden_size", "num_heads", "expand_k", "expand_v", "num_hidden_layers")
     layout = FlaLayout(mixer_class="fla.layers.delta_net:DeltaNet")
+    structure = StructureLayout(layers="model.layers", mixers={"attn": "fla"}, mlp="mlp", attn_layers="attn.layers")
 
     def key_heads(self, config) -> tuple[int, int]:
         key_dim = round(config.hidden_size * config.expand_k)

@@ -10,6 +10,7 @@ from torch import nn
 
 from state_reduction.pruning.adapters.base import Undo
 from state_reduction.pruning.adapters.deltanet import FlaKeyChannelAdapter, FlaLayout, _n_linear_layers
+from state_reduction.pruning.adapters.structure import StructureLayout
 from state_reduction.pruning.types import KeyChannelSelection
 
 
@@ -38,6 +39,7 @@ class GatedDeltaNetAdapter(FlaKeyChannelAdapter):
     family = "GatedDeltaNet"
     required_fields = ("num_heads", "head_dim", "expand_v", "num_hidden_layers")
     layout = FlaLayout(mixer_class="fla.layers.gated_deltanet:GatedDeltaNet")
+    structure = StructureLayout(layers="model.layers", mixers={"attn": "fla"}, mlp="mlp", attn_layers="attn.layers")
 
     def key_heads(self, config) -> tuple[int, int]:
         return config.num_heads, config.head_dim

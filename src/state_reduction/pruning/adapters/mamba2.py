@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from state_reduction.pruning.adapters.base import FusedQKAdapter, find_mixers
+from state_reduction.pruning.adapters.structure import StructureLayout
 from state_reduction.pruning.types import KeyChannelAdapter, MixerRef
 
 
@@ -25,6 +26,7 @@ class Mamba2Adapter(FusedQKAdapter, KeyChannelAdapter):
     q_segment, k_segment = 3, 2  # C, B in [z | x | B | C | dt]
     q_conv_segment, k_conv_segment = 2, 1  # in [x | B | C]
     mask_after_conv = True
+    structure = StructureLayout(layers="backbone.layers", mixers={"mixer": "tensor"}, mlp=None)
 
     def mixers(self, model: nn.Module) -> Iterator[MixerRef]:
         from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer

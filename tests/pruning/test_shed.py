@@ -1,0 +1,262 @@
+"""Structure removal (Mamba-Shedder): masking == surgery for every candidate type and family, exact reload with
+AutoModelForCausalLM, costs, the limits, greedy search == brute force, resume after SIGKILL, one-shot."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import state_reduction  # noqa: F401  (registers the families and their _shed variants)
+from state_reduction.models import build_model
+from state_reduction.models.shed import ZeroMixer, ZeroMLP
+from state_reduction.pruning.adapters import get_adapter
+from state_reduction.pruning.shed import (
+    Candidate,
+    Scorer,
+    candidates,
+    check_steps,
+    masked,
+    remove_structures,
+    search,
+    structure_costs,
+)
+
+VOCAB = 97
+GROUP = 32
+CONFIGS = {  # tiny float64 models; fla's MLP width: 256 for hidden 64, Qwen3.5's 128
+    "deltanet": {"hidden_size": 64, "num_hidden_layers": 3, "num_heads": 4, "expand_k": 1.0, "expand_v": 1.0,
+                 "conv_size": 4, "vocab_size": VOCAB, "fuse_cross_entropy": False},
+    "gated_deltanet": {"hidden_size": 64, "num_hidden_layers": 3, "num_heads": 4, "head_dim": 16, "expand_v": 2,
+                       "conv_size": 4, "vocab_size": VOCAB, "fuse_cross_entropy": False},
+    "mamba2": {"hidden_size": 64, "num_hidden_layers": 3, "state_size": 16, "n_groups": 2, "expand": 2, "head_dim": 16,
+               "num_heads": 8, "conv_kernel": 4, "chunk_size": 8, "vocab_size": VOCAB},
+    "qwen3_5": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+                "layer_types": ["linear_attention", "full_attention", "linear_attention"], "num_attention_heads": 2,
+                "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
+                "linear_num_value_heads": 4, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+                "vocab_size": VOCAB},
+}
+# Masked and reduced models run the same operations but for the narrower MLP matmuls (other summation order).
+ATOL = 1e-12
+REMOVALS = {  # per target, a removal set that touches several layers (and, for the hybrid, its attention layer)
+    "block": ["block:0", "block:1"],
+    "mixer": ["mixer:1", "mixer:2"],
+    "mlp": ["mlp:0", "mlp:2"],
+    "mlp-channels": ["mlp-channels:0:0", "mlp-channels:0:2", "mlp-channels:2:1"],
+}
+CASES = [(f, t) for f in CONFIGS for t in REMOVALS if not (f == "mamba2" and t.startswith("mlp"))]
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def tiny(family: str, seed: int = 0):
+    return build_model(family, CONFIGS[family], seed=seed, dtype=torch.float64).eval()
+
+
+def tokens(seed: int = 0, n: int = 2, length: int = 20) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def logits(model, ids) -> torch.Tensor:
+    return model(ids, use_cache=False).logits
+
+
+@pytest.mark.parametrize("family,target", CASES)
+def test_masked_equals_surgery_and_reload_is_exact(family, target, tmp_path):
+    model, ids = tiny(family), tokens()
+    removed = [Candidate.parse(n) for n in REMOVALS[target]]
+    dense = logits(model, ids)
+    with masked(model, removed, GROUP):
+        want = logits(model, ids)
+    assert torch.equal(logits(model, ids), dense)  # the hooks are gone
+    assert (want - dense).abs().max() > 1e-3  # the removal changes the model
+    before = structure_costs(model)
+    remove_structures(model, removed, GROUP)
+    got = logits(model, ids)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    assert type(reloaded) is type(model)
+    assert torch.equal(logits(reloaded, ids), got)
+    after = structure_costs(reloaded)
+    assert after == structure_costs(model)
+    assert after["parameters"] < before["parameters"] and after["flops_per_token"] < before["flops_per_token"]
+    layout = get_adapter(reloaded).structure
+    blocks = layout.blocks(reloaded)
+    if target == "block":
+        assert reloaded.config.model_type == model.config.model_type == get_adapter(tiny(family)).model_type
+        assert len(blocks) == reloaded.config.num_hidden_layers == 1
+    else:
+        assert reloaded.config.model_type.endswith("_shed")
+    if target == "mixer":
+        assert reloaded.config.shed_removed_mixers == [1, 2]
+        assert all(isinstance(getattr(blocks[i], layout.mixer_name(blocks[i])), ZeroMixer) for i in (1, 2))
+    if target == "mlp":
+        assert reloaded.config.shed_removed_mlps == [0, 2] and isinstance(blocks[0].mlp, ZeroMLP)
+    if target == "mlp-channels":
+        width = getattr(tiny(family).get_submodule(layout.layers)[1].mlp, layout.mlp_up).out_features
+        assert reloaded.config.shed_mlp_sizes == [width - 2 * GROUP, width, width - GROUP]
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_every_candidate_type_at_once(family, tmp_path):
+    """Blocks, mixers, MLPs and channel groups removed together (layer indices shift under block removal)."""
+    model, ids = tiny(family), tokens(1)
+    names = ["block:0", "mixer:2"] + ([] if family == "mamba2" else ["mlp:1", "mlp-channels:2:0"])
+    removed = [Candidate.parse(n) for n in names]
+    with masked(model, removed, GROUP):
+        want = logits(model, ids)
+    remove_structures(model, removed, GROUP)
+    torch.testing.assert_close(logits(model, ids), want, atol=ATOL, rtol=0)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    assert torch.equal(logits(reloaded, ids), logits(model, ids))
+    assert reloaded.config.num_hidden_layers == 2 and reloaded.config.shed_removed_mixers == [1]
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_state_bytes_follow_the_removed_recurrent_mixers(family):
+    model = tiny(family)
+    adapter = get_adapter(model)
+    full = adapter.state_bytes_per_sequence(model.config)
+    layout = adapter.structure
+    recurrent = [i for i in range(3) if layout.is_recurrent(model.config, i)]
+    remove_structures(model, [Candidate("mixer", recurrent[0])])
+    assert structure_costs(model)["state_bytes"] == full - full // len(recurrent)
+
+
+def test_attention_mixer_removal_keeps_the_state():
+    model = tiny("qwen3_5")
+    full = structure_costs(model)["state_bytes"]
+    remove_structures(model, [Candidate("mixer", 1)])  # layer 1 is full attention
+    assert structure_costs(model)["state_bytes"] == full
+
+
+def test_key_channel_pruning_after_shedding(tmp_path):
+    """A shed model is a family member for key-channel pruning (the combination in experiments/state_vs_structure)."""
+    from state_reduction.pruning.surgery import reduce_model
+    from state_reduction.pruning.types import KeyChannelSelection
+
+    model, ids = tiny("gated_deltanet"), tokens()
+    remove_structures(model, [Candidate("mixer", 1)])
+    adapter = get_adapter(model)
+    layers = [r.layer for r in adapter.mixers(model)]
+    assert layers == [0, 2]
+    before = adapter.state_bytes_per_sequence(model.config)
+    keep = torch.arange(8).repeat(4, 1)
+    reduce_model(model, {i: KeyChannelSelection(keep=keep) for i in layers})
+    assert adapter.state_bytes_per_sequence(model.config) == before // 2
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    assert torch.equal(logits(reloaded, ids), logits(model, ids))
+
+
+def test_limits_are_one_line_errors():
+    mamba = tiny("mamba2")
+    mamba.config._name_or_path = "tiny-mamba2"
+    with pytest.raises(ValueError, match=r"tiny-mamba2 \(Mamba-2\): target 'mlp' does not exist"):
+        candidates(mamba, "mlp")
+    with pytest.raises(ValueError, match=r"target 'mixer' has 3 candidates; --steps 3 is outside 1..2 \(at least one "
+                                         r"sequence mixer must remain\)"):
+        check_steps(mamba, "mixer", 3)
+    with pytest.raises(ValueError, match=r"target 'mlp' has 3 candidates; --steps 4 is outside 1..3 \(only 3 exist\)"):
+        check_steps(tiny("qwen3_5"), "mlp", 4)
+    check_steps(tiny("qwen3_5"), "mlp", 3)
+    with pytest.raises(ValueError, match="leaves no sequence mixer"):
+        remove_structures(tiny("deltanet"), [Candidate("mixer", i) for i in range(3)])
+    with pytest.raises(ValueError, match="--target 'heads'; accepted: block, mixer, mlp, mlp-channels"):
+        candidates(mamba, "heads")
+    with pytest.raises(ValueError, match="not a multiple of --group-size 48"):
+        candidates(tiny("qwen3_5"), "mlp-channels", 48)
+
+
+def brute_force_ppl(model, removed, windows, group_size=GROUP) -> float:
+    """Perplexity of the surgically reduced copy: an independent path from the search's masking."""
+    reduced = remove_structures(copy.deepcopy(model), removed, group_size)
+    return Scorer(windows, batch_size=4)(reduced)
+
+
+@pytest.mark.parametrize("family,target,steps", [("deltanet", "block", 2), ("qwen3_5", "mixer", 2),
+                                                 ("gated_deltanet", "mlp", 2)])
+def test_greedy_equals_brute_force(family, target, steps):
+    model = tiny(family, seed=3)
+    windows = tokens(seed=5, n=4, length=24)
+    found = search(model, target, steps, Scorer(windows, batch_size=4), log=lambda *_: None)
+    pool = candidates(model, target, GROUP)
+    ppl = {}
+    for k in range(1, steps + 1):
+        for subset in itertools.combinations(pool, k):
+            try:
+                ppl[frozenset(subset)] = brute_force_ppl(model, list(subset), windows)
+            except ValueError:  # no mixer left
+                continue
+    prefix = []
+    for step, record in enumerate(found["steps"]):
+        brute = {c.name: ppl[frozenset(prefix + [c])] for c in pool if c not in prefix
+                 and frozenset(prefix + [c]) in ppl}
+        assert record["scores"].keys() == brute.keys()
+        for name in brute:
+            assert record["scores"][name] == pytest.approx(brute[name], rel=1e-9)
+        assert record["chosen"] == min(brute, key=lambda n: (brute[n], Candidate.parse(n)))
+        prefix.append(Candidate.parse(record["chosen"]))
+    assert found["order"] == [c.name for c in prefix]
+    best_single = min((s for s in ppl if len(s) == 1), key=lambda s: ppl[s])
+    assert found["order"][0] == next(iter(best_single)).name
+    assert found["forward_passes"] == sum(len(r["scores"]) for r in found["steps"])  # one batch of 4 windows
+
+
+def test_one_shot_takes_the_best_dense_scores():
+    model = tiny("qwen3_5", seed=1)
+    windows = tokens(seed=2, n=4, length=16)
+    found = search(model, "mlp-channels", 3, Scorer(windows, batch_size=4), method="one-shot", group_size=GROUP,
+                   log=lambda *_: None)
+    scores = found["steps"][0]["scores"]
+    assert len(found["steps"]) == 1 and len(scores) == 12
+    assert found["order"] == sorted(scores, key=lambda n: (scores[n], Candidate.parse(n)))[:3]
+
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys, torch
+    sys.path.insert(0, {tests!r})
+    torch.set_num_threads(1)
+    from state_reduction.backend import install_cpu_backend
+    install_cpu_backend()
+    from test_shed import tiny, tokens
+    from state_reduction.pruning.shed import Scorer, search
+    def log(msg):
+        if msg.startswith("shed step 2/"):
+            os.kill(os.getpid(), signal.SIGKILL)
+    search(tiny("deltanet", seed=3), "mlp-channels", 4, Scorer(tokens(seed=5, n=4, length=16), 4), group_size=32,
+           state_dir={state!r}, key="k", log=log)
+""")
+
+
+def test_resume_after_sigkill_gives_the_same_order(tmp_path):
+    state = tmp_path / "search"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"),
+                                                        os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    child = subprocess.run([sys.executable, "-c", CHILD.format(tests=str(Path(__file__).parent), state=str(state))],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == -9, child.stderr[-2000:]
+    assert sorted(p.name for p in state.iterdir()) == ["step_000.json", "step_001.json"]
+    windows = tokens(seed=5, n=4, length=16)
+    resumed = search(tiny("deltanet", seed=3), "mlp-channels", 4, Scorer(windows, 4), state_dir=state, key="k",
+                     group_size=GROUP, log=lambda *_: None)
+    assert resumed["resumed_steps"] == 2
+    fresh = search(tiny("deltanet", seed=3), "mlp-channels", 4, Scorer(windows, 4), group_size=GROUP,
+                   log=lambda *_: None)
+    assert resumed["order"] == fresh["order"]
+    assert [r["scores"] for r in resumed["steps"]] == [r["scores"] for r in fresh["steps"]]
+    with pytest.raises(ValueError, match="saved by another search"):
+        search(tiny("deltanet", seed=3), "mlp-channels", 4, Scorer(windows, 4), state_dir=state, key="other",
+               group_size=GROUP)
