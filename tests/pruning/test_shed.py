@@ -260,3 +260,92 @@ def test_resume_after_sigkill_gives_the_same_order(tmp_path):
     with pytest.raises(ValueError, match="saved by another search"):
         search(tiny("deltanet", seed=3), "mlp-channels", 4, Scorer(windows, 4), state_dir=state, key="other",
                group_size=GROUP)
+
+
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "experiments" / "tiny_models" / "checkpoints"
+COMMITTED = {"deltanet": "delta_net", "gated_deltanet": "gated_deltanet", "mamba2": "mamba2", "qwen3_5": "qwen3_5_text"}
+
+
+@pytest.mark.parametrize("name", list(COMMITTED))
+def test_committed_checkpoint_round_trip(name, tmp_path):
+    """A loaded checkpoint (its config carries model_type as an instance field) becomes the _shed variant."""
+    model = AutoModelForCausalLM.from_pretrained(CHECKPOINTS / name).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    removed = [Candidate("mixer", 0)] + ([] if name == "mamba2" else [Candidate("mlp-channels", 2, 1)])
+    before = structure_costs(model)
+    with masked(model, removed):
+        want = logits(model, ids)
+    remove_structures(model, removed)
+    torch.testing.assert_close(logits(model, ids), want, atol=1e-5, rtol=0)  # float32
+    assert model.config.model_type == COMMITTED[name] + "_shed"
+    layers = model.config.num_hidden_layers
+    recurrent = sum(get_adapter(model).structure.is_recurrent(model.config, i) for i in range(layers))
+    assert structure_costs(model)["state_bytes"] == before["state_bytes"] // recurrent * (recurrent - 1)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert torch.equal(logits(reloaded, ids), logits(model, ids))
+
+
+def test_cli_prune_method_shed(tmp_path, capsys):
+    from state_reduction.cli import main
+    from state_reduction.results import read_result
+
+    out = tmp_path / "gdn-shed"
+    assert main(["prune", str(CHECKPOINTS / "gated_deltanet"), "--method", "shed", "--target", "mlp", "--steps", "2",
+                 "--n-calib", "4", "--seq-len", "32", "--batch-size", "4", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "shed calibration cost: 10 forward passes" in printed  # dense, 4 MLPs, 3 MLPs, masked, reduced
+    result = read_result(out / "prune_result.json")
+    assert result["kind"] == "prune" and result["config"]["target"] == "mlp"
+    assert result["metrics"]["calib_forward_passes"] == 10 and result["metrics"]["n_removed"] == 2
+    assert result["metrics"]["parameters_after"] < result["metrics"]["parameters_before"]
+    assert result["seeds"] == {"calibration": 0}
+    assert sorted(p.name for p in (out / "search").iterdir()) == ["step_000.json", "step_001.json"]
+    assert not any(p.name.endswith(".search") for p in tmp_path.iterdir())
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    assert reloaded.config.shed_removed_mlps == [int(n.split(":")[1]) for n in result["extra"]["removed"]]
+
+
+@pytest.mark.parametrize("model,args,message", [
+    ("mamba2", ["--target", "mlp", "--steps", "1"],
+     "mamba2 (Mamba-2): target 'mlp' does not exist, Mamba-2 blocks have no MLP; targets of this model: block, mixer"),
+    ("deltanet", ["--target", "mixer", "--steps", "4"],
+     "deltanet: target 'mixer' has 4 candidates; --steps 4 is outside 1..3 (at least one sequence mixer must remain)"),
+    ("qwen3_5", ["--target", "mlp-channels", "--steps", "30", "--group-size", "64"],
+     "qwen3_5: target 'mlp-channels' has 24 candidates; --steps 30 is outside 1..24 (only 24 exist)"),
+    ("deltanet", ["--target", "heads", "--steps", "1"], "--target 'heads'; accepted: block, mixer, mlp, mlp-channels"),
+    ("deltanet", ["--steps", "1"], "needs --target"),
+])
+def test_cli_bad_input_is_one_line(tmp_path, capsys, model, args, message):
+    from state_reduction.cli import main
+
+    assert main(["prune", str(CHECKPOINTS / model), "--method", "shed", "--out", str(tmp_path / "o"), *args]) == 2
+    err = [line.rsplit("\r", 1)[-1] for line in capsys.readouterr().err.splitlines()]
+    errors = [line for line in err if line.startswith("state-reduction prune: error: ")]  # not transformers' bars
+    assert len(errors) == 1 and message in errors[0] and not any("Traceback" in line for line in err)
+    assert not (tmp_path / "o").exists()
+
+
+CACHE_KWARG = {"deltanet": "past_key_values", "gated_deltanet": "past_key_values", "mamba2": "cache", "qwen3_5": "cache"}
+DECODE_ATOL = {"deltanet": 1e-10, "gated_deltanet": 1e-10, "mamba2": 1e-5, "qwen3_5": 1e-5}  # as test_adapters
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+@pytest.mark.parametrize("names", [["mixer:0"], ["mixer:1"], ["block:0", "mixer:2"]])
+def test_cached_decode_of_a_shed_model_equals_the_full_forward(family, names):
+    """Removed mixers never touch the cache (mixer:1 of the hybrid is its softmax-attention layer)."""
+    model, ids = tiny(family), tokens(length=12)
+    remove_structures(model, [Candidate.parse(n) for n in names])
+
+    def cache_of(out):
+        return next(getattr(out, k) for k in ("past_key_values", "cache", "cache_params") if getattr(out, k, None))
+
+    with torch.no_grad():
+        full = logits(model, ids)
+        out = model(ids[:, :8], use_cache=True)
+        steps, cache = [out.logits], cache_of(out)
+        for t in range(8, 12):
+            out = model(ids[:, t:t + 1], use_cache=True, **{CACHE_KWARG[family]: cache})
+            steps.append(out.logits)
+            cache = cache_of(out)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=DECODE_ATOL[family], rtol=0)

@@ -28,6 +28,7 @@ from torch import nn
 
 from state_reduction.models.shed import SHED_SUFFIX, ZeroMixer, ZeroMLP, resize_mlp, variant_classes
 
+STRUCTURE_METHODS = ("shed",)  # `state-reduction prune --method shed` (key-channel methods: pruning.selectors)
 TARGETS = ("block", "mixer", "mlp", "mlp-channels")
 SEARCHES = ("greedy", "one-shot")
 
@@ -229,6 +230,8 @@ def remove_structures(model: nn.Module, removed: Iterable[Candidate], group_size
     if removed_mixers or removed_mlps or channels_cut or config.model_type.endswith(SHED_SUFFIX):
         config_cls, model_cls = variant_classes(config.model_type)
         config.__class__ = config_cls  # the same fields, the variant's model_type
+        if "model_type" in vars(config):  # loaded configs carry it as an instance attribute
+            config.model_type = config_cls.model_type
         model.__class__ = model_cls
         config.shed_removed_mixers = removed_mixers
         config.shed_removed_mlps = removed_mlps
