@@ -13,7 +13,8 @@ from state_reduction.provenance import REPO_ROOT, TINY_CHECKPOINTS, TINY_MODELS_
 # Subcommands defined next to their code: each module has register(subparsers), which adds its parsers
 # with set_defaults(func=handler). Append a module here to add a subcommand.
 SUBCOMMAND_MODULES: list[str] = ["state_reduction.speed.cli", "state_reduction.rft.cli", "state_reduction.analysis.cli",
-                                 "state_reduction.pruning.memory", "state_reduction.slurm", "state_reduction.tracking"]
+                                 "state_reduction.pruning.memory", "state_reduction.slurm", "state_reduction.tracking",
+                                 "state_reduction.claims"]
 
 
 def _cmd_data(args) -> int:
