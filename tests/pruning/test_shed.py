@@ -349,3 +349,43 @@ def test_cached_decode_of_a_shed_model_equals_the_full_forward(family, names):
             steps.append(out.logits)
             cache = cache_of(out)
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=DECODE_ATOL[family], rtol=0)
+
+
+def test_structure_methods_parse():
+    from state_reduction.pruning.shed import parse_structure_method
+
+    assert parse_structure_method("drrqr") is None
+    assert parse_structure_method("shed-mixer") == ("mixer", None)
+    assert parse_structure_method("shed-mlp-channels+grad") == ("mlp-channels", "grad")
+    with pytest.raises(ValueError, match="target 'mixers'; accepted: shed-block, shed-mixer"):
+        parse_structure_method("shed-mixers")
+    with pytest.raises(KeyError, match="did you mean 'drrqr'"):
+        parse_structure_method("shed-mixer+drqr")
+
+
+def test_combined_cell_meets_the_state_budget(tmp_path):
+    """shed-mixer+drrqr at 0.5 on the 4-layer DeltaNet: 1 mixer removed (round(0.25 * 4)), then the DRRQR key
+    channels that bring the state to at most half the dense model's."""
+    from state_reduction.pruning.shed import prune_cell
+
+    out = prune_cell(str(CHECKPOINTS / "deltanet"), "shed-mixer+drrqr", 0.5, tmp_path / "cell", calib="ptb",
+                     n_calib=2, seq_len=32, seed=0, batch_size=2)
+    dense_state = out["shed"]["costs"]["before"]["state_bytes"]
+    assert len(out["shed"]["removed"]) == 1
+    final = out["prune"]["state_bytes_per_sequence"]["after"]
+    assert final <= dense_state // 2 and final > 0.45 * dense_state  # floor(64 * (1 - 1/3)) = 42 of 64 channels
+    assert out["prune"]["key_dim_after"] == 42
+    assert {"shed.json", "selection.json"} <= {p.name for p in (tmp_path / "cell").iterdir()}
+    assert not (tmp_path / "cell-shed").exists()
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "cell")
+    assert reloaded.config.model_type == "delta_net_shed" and reloaded.config.expand_k == 42 * 2 / 128
+    assert structure_costs(reloaded)["state_bytes"] == final
+
+
+def test_paper_plan_of_the_experiment_names_every_method():
+    from state_reduction.pipeline import plan_table
+
+    plan = plan_table("state_vs_structure", "state_vs_structure", "paper")
+    methods = {config["method"] for _, config in plan["stages"]["prune"]}
+    assert methods == {"drrqr", "grad", "shed-mixer", "shed-mixer+drrqr"}
+    assert set(plan["models"]) == {"deltanet-1.3b", "gated_deltanet-1.3b", "mamba-codestral-7b", "qwen3_5-9b"}

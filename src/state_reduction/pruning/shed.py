@@ -481,3 +481,86 @@ def shed_result(record: dict, folder, *, profile: str, experiment: str, config: 
         seeds={"calibration": cal["seed"]}, wall_time_s=record["wall_time_s"],
         extra={"shed_file": str(Path(folder) / "shed.json"), "removed": record["removed"], "calibration": cal,
                "dense_model": model_entry(record["config"]["model"])})
+
+
+# -- pipeline cells: structure removal alone or followed by key-channel pruning ----------------------------------
+
+
+def parse_structure_method(method: str) -> tuple[str, str | None] | None:
+    """`shed-<target>` -> (target, None); `shed-<target>+<selector>` -> (target, selector): remove structures,
+    then key channels of what remains; a key-channel method -> None."""
+    head, plus, then = method.partition("+")
+    if not head.startswith("shed-"):
+        return None
+    target = head[len("shed-"):]
+    if target not in TARGETS:
+        raise ValueError(f"method {method!r}: target {target!r}; accepted: shed-{', shed-'.join(TARGETS)}")
+    if plus:
+        from state_reduction.pruning.selectors import get_selector
+
+        get_selector(then)
+    return target, then or None
+
+
+def steps_for_ratio(model: nn.Module, target: str, fraction: float, group_size: int = 64) -> int:
+    """round(fraction * candidates), at least 1 and at most the removal limit."""
+    n = len(candidates(model, target, group_size))
+    return min(max(1, round(fraction * n)), removal_limit(model, target, group_size))
+
+
+def prune_cell(model: str, method: str, ratio: float, out: str | Path, *, calib: str, n_calib: int, seq_len: int,
+               seed: int, batch_size: int = 8, select: str = "kq", search_method: str = "greedy",
+               group_size: int = 64, data_dir=None) -> dict:
+    """One pipeline cell of a structure method at `ratio`. `shed-<target>`: remove round(ratio * candidates)
+    structures. `shed-<target>+<selector>`: remove round(ratio / 2 * candidates) structures, then the fraction
+    q of key channels that brings the recurrent state to (1 - ratio) of the dense model's (q = 1 - (1 - ratio)
+    * S_dense / S_shed, floored to whole channels by keep_count, 0 when the shed model is already within budget).
+    Returns {record, shed, prune}: the shed record and, for the combination, the key-channel record."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    import state_reduction  # noqa: F401
+    from state_reduction.backend import install_cpu_backend
+    from state_reduction.pruning.prune import PruneConfig, prune
+
+    target, then = parse_structure_method(method)
+    install_cpu_backend()
+    dense = AutoModelForCausalLM.from_pretrained(model)
+    steps = steps_for_ratio(dense, target, ratio / 2 if then else ratio, group_size)
+    del dense
+    out = Path(out)
+    shed_out = out.with_name(out.name + "-shed") if then else out
+    record = shed(ShedConfig(model=model, target=target, steps=steps, out=str(shed_out), search=search_method,
+                             group_size=group_size, calib=calib, n_calib=n_calib, seq_len=seq_len, seed=seed,
+                             batch_size=batch_size, overwrite=True, data_dir=data_dir))
+    if not then:
+        return {"shed": record, "prune": None}
+    s_dense, s_shed = record["costs"]["before"]["state_bytes"], record["costs"]["after"]["state_bytes"]
+    q = 0.0 if s_shed == 0 else max(0.0, 1.0 - (1.0 - ratio) * s_dense / s_shed)
+    kc = prune(PruneConfig(model=str(shed_out), method=then, ratio=q, out=str(out), select=select, calib=calib,
+                           n_calib=n_calib, seq_len=seq_len, seed=seed, batch_size=batch_size, overwrite=True,
+                           data_dir=data_dir))
+    shutil.copy(shed_out / "shed.json", out / "shed.json")
+    shutil.rmtree(shed_out)
+    return {"shed": record, "prune": kc}
+
+
+def decode_timing(dense: nn.Module, reduced: nn.Module, *, prompt_len: int = 64, warmup: int = 2, steps: int = 16,
+                  repeats: int = 5, seed: int = 0) -> dict:
+    """Batch-1 cached decode after a `prompt_len` prompt, dense and reduced interleaved (speed.timing): ms per
+    token of the reduced model and the paired speedup over the dense one (median over repetitions)."""
+    from state_reduction.speed.timing import TimingProtocol, median, paired_speedup, time_interleaved
+
+    device = next(reduced.parameters()).device
+    prompt = torch.randint(0, reduced.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+    fns = {}
+    with torch.no_grad():
+        for label, m in (("base", dense), ("reduced", reduced)):
+            cache = m(input_ids=prompt.to(device), use_cache=True, logits_to_keep=1).past_key_values
+            token = prompt[:, -1:].to(device)
+            fns[label] = lambda m=m, c=cache, t=token: m(input_ids=t, past_key_values=c, use_cache=True)
+        samples = time_interleaved(fns, TimingProtocol(warmup, steps, repeats), device)
+    return {"decode_ms_per_token": median(samples["reduced"]) * 1e3,
+            "decode_ms_per_token_dense": median(samples["base"]) * 1e3,
+            "decode_speedup": paired_speedup(samples, "reduced")}

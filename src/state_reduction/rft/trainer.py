@@ -133,8 +133,10 @@ def load_causal_lm(path: str, what: str):
 
 def check_pair(student, teacher, student_path: str, teacher_path: str) -> None:
     """Teacher and student must be one family with one vocabulary (same logits space)."""
+    from state_reduction.models.shed import SHED_SUFFIX
+
     s, t = student.config, teacher.config
-    if s.model_type != t.model_type:
+    if s.model_type.removesuffix(SHED_SUFFIX) != t.model_type:  # a student with structures removed: models/shed.py
         raise RFTError(f"teacher {teacher_path} is {t.model_type!r} but student {student_path} is {s.model_type!r}; "
                        "the teacher must be the unpruned model of the student's family")
     if s.vocab_size != t.vocab_size:
