@@ -309,6 +309,8 @@ class _Runner:
             kc = prune_result(out["prune"], folder, **kw)
             result["metrics"].update({k: kc["metrics"][k] for k in ("key_dim_before", "key_dim_after")},
                                      state_bytes_after=kc["metrics"]["state_bytes_after"])
+            for stale in ("parameters_after", "flops_per_token_after"):  # of the shed model, before the key channels
+                result["metrics"].pop(stale, None)
             result["extra"]["selection_file"] = kc["extra"]["selection_file"]
             result["model"] = kc["model"]
             result["wall_time_s"] += kc["wall_time_s"]

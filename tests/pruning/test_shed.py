@@ -389,3 +389,34 @@ def test_paper_plan_of_the_experiment_names_every_method():
     methods = {config["method"] for _, config in plan["stages"]["prune"]}
     assert methods == {"drrqr", "grad", "shed-mixer", "shed-mixer+drrqr"}
     assert set(plan["models"]) == {"deltanet-1.3b", "gated_deltanet-1.3b", "mamba-codestral-7b", "qwen3_5-9b"}
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_decode_timing_runs_on_every_family(family):
+    from state_reduction.pruning.shed import decode_timing
+
+    dense = tiny(family)
+    reduced = remove_structures(copy.deepcopy(dense), [Candidate("mixer", 0)])
+    timing = decode_timing(dense, reduced, prompt_len=8, warmup=1, steps=2, repeats=2)
+    assert timing["decode_ms_per_token"] > 0 and timing["decode_ms_per_token_dense"] > 0
+    assert timing["decode_speedup"] > 0
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_rft_accepts_a_shed_student(family, tmp_path):
+    """RFT's teacher/student check and LoRA targets: a _shed student of the teacher's family, LoRA on the mixers
+    that remain."""
+    from state_reduction.rft.config import RFTError
+    from state_reduction.rft.targets import resolve_lora_targets
+    from state_reduction.rft.trainer import check_pair
+
+    teacher = tiny(family)
+    layout = get_adapter(teacher).structure
+    recurrent = [i for i in range(3) if layout.is_recurrent(teacher.config, i)]
+    student = remove_structures(copy.deepcopy(teacher), [Candidate("mixer", recurrent[0])])
+    check_pair(student, teacher, str(tmp_path), str(tmp_path))  # no tokenizer there: the vocabulary check only
+    names = resolve_lora_targets(student, None)
+    assert names and not any(n.startswith(f"{layout.layers}.{recurrent[0]}.") for n in names)
+    other = tiny("mamba2" if family != "mamba2" else "deltanet")
+    with pytest.raises(RFTError, match="the teacher must be the unpruned model"):
+        check_pair(student, other, str(tmp_path), str(tmp_path))
