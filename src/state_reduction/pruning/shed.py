@@ -518,7 +518,7 @@ def prune_cell(model: str, method: str, ratio: float, out: str | Path, *, calib:
     Returns {record, shed, prune}: the shed record and, for the combination, the key-channel record."""
     import shutil
 
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     import state_reduction  # noqa: F401
     from state_reduction.backend import install_cpu_backend
@@ -526,9 +526,11 @@ def prune_cell(model: str, method: str, ratio: float, out: str | Path, *, calib:
 
     target, then = parse_structure_method(method)
     install_cpu_backend()
-    dense = AutoModelForCausalLM.from_pretrained(model)
-    steps = steps_for_ratio(dense, target, ratio / 2 if then else ratio, group_size)
-    del dense
+    with torch.device("meta"):  # the module structure only: counting candidates loads no weights
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
+    skeleton.config._name_or_path = model
+    steps = steps_for_ratio(skeleton, target, ratio / 2 if then else ratio, group_size)
+    del skeleton
     out = Path(out)
     shed_out = out.with_name(out.name + "-shed") if then else out
     record = shed(ShedConfig(model=model, target=target, steps=steps, out=str(shed_out), search=search_method,
@@ -547,11 +549,14 @@ def prune_cell(model: str, method: str, ratio: float, out: str | Path, *, calib:
 
 
 def decode_timing(dense: nn.Module, reduced: nn.Module, *, prompt_len: int = 64, warmup: int = 2, steps: int = 16,
-                  repeats: int = 5, seed: int = 0) -> dict:
+                  repeats: int = 5, seed: int = 0, device: str | None = None) -> dict:
     """Batch-1 cached decode after a `prompt_len` prompt, dense and reduced interleaved (speed.timing): ms per
-    token of the reduced model and the paired speedup over the dense one (median over repetitions)."""
+    token of the reduced model and the paired speedup over the dense one (median over repetitions). `device`
+    (e.g. cuda): where both models run (moved there), else where they are."""
     from state_reduction.speed.timing import TimingProtocol, median, paired_speedup, time_interleaved
 
+    if device is not None:
+        dense, reduced = dense.to(device), reduced.to(device)
     device = next(reduced.parameters()).device
     prompt = torch.randint(0, reduced.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
     fns = {}
