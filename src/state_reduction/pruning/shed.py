@@ -20,7 +20,7 @@ import json
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -46,6 +46,8 @@ class Candidate:
     @classmethod
     def parse(cls, name: str) -> Candidate:
         kind, *rest = name.split(":")
+        if kind not in TARGETS or len(rest) != 1 + (kind == "mlp-channels"):
+            raise ValueError(f"candidate {name!r}: expected KIND:LAYER (block, mixer, mlp) or mlp-channels:LAYER:GROUP")
         return cls(kind, int(rest[0]), int(rest[1]) if len(rest) > 1 else -1)
 
 
@@ -275,14 +277,6 @@ class Scorer:
             count += batch[:, 1:].numel()
             self.forward_passes += 1
         return math.exp(nll / count)
-
-
-@dataclass
-class SearchState:
-    """What a search has done: one entry per step, each {removed_before, scores, chosen}."""
-
-    key: str
-    steps: list[dict] = field(default_factory=list)
 
 
 def _step_path(folder: Path, step: int) -> Path:
