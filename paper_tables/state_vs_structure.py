@@ -5,7 +5,8 @@ mixer removal vs both, at equal recurrent-state budgets.
 paper_tables/out/<profile>/state_vs_structure.md (per model, method and ratio: state, parameters and FLOPs kept,
 decode speedup, perplexity pre-/post-RFT as mean [95% t-interval] over calibration seeds),
 state_vs_structure_vs_paper.md (the paper's and Mamba-Shedder's own headline numbers beside ours) and the Pareto
-figures figures/<profile>/state_vs_structure_{state,decode}.{png,pdf} (perplexity vs state bytes, vs decode time).
+figures figures/<profile>/state_vs_structure_{state,decode}.{png,pdf} (perplexity vs state bytes, vs decode time
+relative to dense).
 Reads only result files (state_reduction.pipeline.collect) and reference_data/*.json.
 """
 
@@ -27,6 +28,7 @@ EXPERIMENT = TABLE = "state_vs_structure"
 REFERENCE = Path(__file__).resolve().parent / "reference_data"
 METRIC = {"tiny": ("ptb_word_perplexity", "PTB word ppl"), "paper": ("wiki_word_perplexity", "WikiText-2 word ppl")}
 MARKERS = {"drrqr": "o", "grad": "s", "shed-mixer": "^", "shed-mixer+drrqr": "D"}
+COLORS = {"drrqr": "tab:blue", "grad": "tab:orange", "shed-mixer": "tab:green", "shed-mixer+drrqr": "tab:red"}
 PAPER_ROWS = {  # the paper's table holding each stand-in's model at its ratios (reference_data)
     "Gated DeltaNet 1.3B": "table20", "Mamba-Codestral-7B": "table3", "Qwen3.5 9B": "table13"}
 PAPER_NAMES = {"Mamba-Codestral-7B": "Mamba-Codestral 7B"}
@@ -50,7 +52,9 @@ def gather(profile: str, results_root=None) -> dict:
             baseline[c["model"]] = r["metrics"].get(metric)
         elif r["kind"] == "evaluate":
             evals[(c["model"], c["method"], c["ratio"], _seed(c, default_seed), c["rft"])] = r["metrics"].get(metric)
-    return {"spec": spec, "profile": profile, "default_seed": default_seed, "models": keys, "cells": cells, "rft": rft_states, "prune": prune, "evals": evals,
+    seeds = {t: sorted({dict(c.vary).get("seed", default_seed) for c in table_cells(spec, t, profile)[1]})
+             for t in spec["tables"]}
+    return {"seeds_pre": seeds[TABLE], "seeds_post": seeds.get(TABLE + "_rft", []), "spec": spec, "profile": profile, "default_seed": default_seed, "models": keys, "cells": cells, "rft": rft_states, "prune": prune, "evals": evals,
             "baseline": baseline, "metric": metric}
 
 
@@ -83,7 +87,7 @@ def rows(g: dict) -> list[dict]:
             "state_bytes": [m.get("state_bytes_after") for m in pr], "decode_ms": ms,
             "decode_speedup": sum(speed) / len(speed) if speed else None,
             "pre": [g["evals"].get((model, method, ratio, s, False)) for s in seeds],
-            "post": [g["evals"].get((model, method, ratio, s, True)) for s in seeds],
+            "post": [g["evals"].get((model, method, ratio, s, True)) for s in g["seeds_post"]],
         })
     return out
 
@@ -108,12 +112,14 @@ def markdown(g: dict, rs: list[dict], profile: str) -> str:
             lines.append(f"| {model} | {r['method']} | {r['ratio']:g} | {_pct(r['state_kept'])} | "
                          f"{_pct(r['params_kept'])} | {_pct(r['flops_kept'])} | {sp} | {_ci(r['pre'])} | "
                          f"{_ci(r['post'])} |")
-    missing = [r for r in rs if r["n_seeds"] < len([c for c in g["cells"] if (c.model, c.method, c.ratio)
-                                                    == (r["model"], r["method"], r["ratio"])])]
-    if missing:
-        lines += ["", "Missing runs: " + ", ".join(f"{r['model']}-{r['method']}-r{round(100 * r['ratio'])}"
-                                                   for r in missing)]
+    lines += ["", "Samples per cell (calibration seeds with a result): "
+              + ", ".join(f"{r['model']}-{r['method']}: pre {_n(r['pre'])}, post {_n(r['post'])}" for r in rs)
+              + f"; the table asks for {len(g['seeds_pre'])} pre-RFT and {len(g['seeds_post'])} post-RFT seeds."]
     return "\n".join(lines) + "\n"
+
+
+def _n(values) -> int:
+    return sum(v is not None and math.isfinite(v) for v in values)
 
 
 def vs_paper(g: dict, rs: list[dict], profile: str) -> str:
@@ -168,8 +174,9 @@ def figures(g: dict, rs: list[dict], profile: str, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
-    for axis, xlabel, xs in (("state", "recurrent-state bytes per sequence (kept / dense)", "state_kept"),
-                             ("decode", "decode time per token (ms, batch 1)", "decode_ms")):
+    for axis, xlabel, xs in (("state", "state bytes per sequence / dense", "state_kept"),
+                             ("decode", "decode time per token / dense (paired, batch 1)",
+                              "decode_rel")):
         fig, axes = plt.subplots(1, len(g["models"]), figsize=(4 * len(g["models"]), 3.4), squeeze=False)
         for ax, model in zip(axes[0], g["models"]):
             for method, marker in MARKERS.items():
@@ -177,21 +184,22 @@ def figures(g: dict, rs: list[dict], profile: str, out_dir: Path) -> list[Path]:
                     pts = []
                     for r in (r for r in rs if r["model"] == model and r["method"] == method):
                         ys = [v for v in (r["post"] if rft else r["pre"]) if v is not None and math.isfinite(v)]
-                        x = r[xs] if xs == "state_kept" else (sum(r["decode_ms"]) / len(r["decode_ms"])
-                                                               if r["decode_ms"] else None)
+                        # absolute ms differ between runs on a shared machine; the paired ratio does not
+                        x = r[xs] if xs == "state_kept" else (1 / r["decode_speedup"] if r["decode_speedup"] else None)
                         if ys and x is not None:
                             pts.append((x, sum(ys) / len(ys)))
                     if pts:
                         pts.sort()
-                        ax.plot(*zip(*pts), marker=marker, fillstyle="none" if fill == "none" else "full",
-                                linestyle="--" if not rft else "-", label=f"{method} ({'post' if rft else 'pre'}-RFT)")
+                        ax.plot(*zip(*pts), marker=marker, color=COLORS[method], linestyle="none",
+                                fillstyle="none" if fill == "none" else "full",
+                                label=f"{method} ({'post' if rft else 'pre'}-RFT)")
             base = g["baseline"].get(model)
             if base is not None:
-                ax.axhline(base, color="k", linewidth=0.8, label="dense")
+                ax.plot([1.0], [base], marker="*", color="k", markersize=10, linestyle="none", label="dense")
             ax.set_yscale("log")
             ax.set_title(model)
             ax.set_xlabel(xlabel)
-        axes[0][0].set_ylabel(METRIC[profile][1])
+        axes[0][0].set_ylabel(METRIC[profile][1] + " (hollow: pre-RFT, filled: post-RFT)")
         axes[0][-1].legend(fontsize=6, loc="best")
         fig.tight_layout()
         for ext in ("png", "pdf"):
