@@ -57,7 +57,7 @@ def test_committed_scripts_are_what_the_generator_writes():
 
 
 @pytest.mark.parametrize("experiment", ["deltanet_gdn", "calibration_sensitivity", "pca_vs_shared_conv", "long_context",
-                                        "mamba2", "qwen3_5", "coupled_selection"])
+                                        "mamba2", "qwen3_5", "coupled_selection", "state_vs_structure"])
 def test_tasks_cover_exactly_the_local_sweeps_results(experiment):
     """The array's tasks write the same result files as run-table over every table: none missing, none extra,
     a cell shared by several tables once."""

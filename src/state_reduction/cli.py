@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from state_reduction.errors import InputError
 from state_reduction.options import length_int, positive_int
 from state_reduction.provenance import REPO_ROOT, TINY_CHECKPOINTS, TINY_MODELS_DIR
 
@@ -59,11 +60,39 @@ def _cmd_pretrain(args) -> int:
     return 0
 
 
+def _cmd_shed(args) -> int:
+    from state_reduction.pruning.shed import ShedConfig, shed, shed_result
+    from state_reduction.results import write_result
+
+    if args.target is None or args.steps is None:
+        raise InputError(f"--method {args.method} removes structures: it needs --target (block, mixer, mlp, "
+                         f"mlp-channels) and --steps N, got --target {args.target}, --steps {args.steps}")
+    record = shed(ShedConfig(
+        model=args.model, target=args.target, steps=args.steps, out=args.out, search=args.search,
+        group_size=args.group_size, calib=args.calib, n_calib=args.n_calib, seq_len=args.seq_len, seed=args.seed,
+        batch_size=args.batch_size, overwrite=args.overwrite, data_dir=args.data_dir, device=args.device))
+    b, a = record["costs"]["before"], record["costs"]["after"]
+    ppl = record["calibration_ppl"]
+    print(f"{record['model_type']}: shed ({args.search}) removed {', '.join(record['removed'])}; parameters "
+          f"{b['parameters']} -> {a['parameters']}, state {b['state_bytes']} -> {a['state_bytes']} bytes/sequence, "
+          f"FLOPs/token {b['flops_per_token']} -> {a['flops_per_token']}; calibration ppl {ppl['dense']:.4g} -> "
+          f"{ppl['after']:.4g}; {args.out} ({record['wall_time_s']} s)")
+    result = Path(args.out) / "prune_result.json"
+    write_result(result, shed_result(record, args.out, profile=args.profile, experiment=args.experiment))
+    print(f"result: {result}")
+    return 0
+
+
 def _cmd_prune(args) -> int:
     from state_reduction.checkpoints import check_checkpoint_files
     from state_reduction.pruning.prune import PruneConfig, prune, prune_result
+    from state_reduction.pruning.shed import STRUCTURE_METHODS
     from state_reduction.results import write_result
 
+    if args.method in STRUCTURE_METHODS:
+        return _cmd_shed(args)
+    if args.ratio is None:
+        raise InputError(f"--method {args.method} removes key channels: it needs --ratio (fraction removed, in [0, 1))")
     cfg = PruneConfig(
         model=args.model, method=args.method, ratio=args.ratio, out=args.out, select=args.select,
         calib=args.calib, n_calib=args.n_calib, seq_len=args.seq_len, seed=args.seed,
@@ -183,8 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("prune", help="remove key channels per head (state reduction) and save the smaller model")
     pr.add_argument("model", help="checkpoint directory (or hub id on the paper profile)")
-    pr.add_argument("--method", required=True, help="rand, l1, wanda, grad, drrqr, pca, pca-adv, energy")
-    pr.add_argument("--ratio", type=float, required=True, help="fraction of key channels removed, in [0, 1)")
+    pr.add_argument("--method", required=True,
+                    help="key channels: rand, l1, wanda, grad, drrqr, pca, pca-adv, energy; structures: shed (Mamba-Shedder)")
+    pr.add_argument("--ratio", type=float, default=None,
+                    help="fraction of key channels removed, in [0, 1) (key-channel methods)")
+    pr.add_argument("--target", default=None, help="shed: block, mixer, mlp or mlp-channels")
+    pr.add_argument("--steps", type=positive_int, default=None, help="shed: structures removed (one per greedy step)")
+    pr.add_argument("--search", default="greedy", help="shed: greedy (re-score every step) or one-shot")
+    pr.add_argument("--group-size", type=positive_int, default=64, help="shed --target mlp-channels: channels per group")
     pr.add_argument("--select", default="kq", help="coupled selection: kq (default), k or q (Table 16)")
     pr.add_argument("--calib", default="ptb", help="calibration corpus (its calibration stream)")
     pr.add_argument("--n-calib", type=positive_int, default=32, help="calibration sequences")

@@ -324,20 +324,66 @@ class _Runner:
             return Path(self.dense(cell.model)["path"])
         config = self.prune_config(cell)
         folder = self.model_dir(cell, "prune", config)
-        if not is_complete(folder):  # published whole, marker last (atomic.publishing)
+        if not is_complete(folder):  # published whole, marker last (atomic.publishing); selection.json or shed.json
             self._prune(cell, config, folder)
         return folder
 
     def _prune(self, cell: Cell, config: dict, folder: Path) -> dict:
         from state_reduction.pruning.prune import PruneConfig, prune, prune_result
+        from state_reduction.pruning.shed import parse_structure_method
 
+        if parse_structure_method(cell.method) is not None:
+            return self._prune_structures(cell, config, folder)
         record = prune(PruneConfig(
             model=self.dense(cell.model)["path"], method=cell.method, ratio=cell.ratio, out=str(folder),
             select=config["select"], calib=config["calib"], n_calib=config["n_calib"],
             seq_len=config["seq_len"], seed=config["seed"], batch_size=config.get("batch_size", 8),
             stream_layers=config.get("stream_layers", False), device=config.get("device"),
             overwrite=True, data_dir=self.data_dir))
-        return prune_result(record, folder, profile=self.profile, experiment=self.spec["experiment"], config=config)
+        result = prune_result(record, folder, profile=self.profile, experiment=self.spec["experiment"], config=config)
+        return self._with_costs(cell, config, folder, result)
+
+    def _prune_structures(self, cell: Cell, config: dict, folder: Path) -> dict:
+        """Mamba-Shedder cells (`shed-<target>[+<selector>]`, pruning.shed.prune_cell)."""
+        from state_reduction.pruning.prune import prune_result
+        from state_reduction.pruning.shed import prune_cell, shed_result
+
+        out = prune_cell(self.dense(cell.model)["path"], cell.method, cell.ratio, folder, calib=config["calib"],
+                         n_calib=config["n_calib"], seq_len=config["seq_len"], seed=config["seed"],
+                         batch_size=config.get("batch_size", 8), select=config["select"],
+                         search_method=config.get("search", "greedy"), group_size=config.get("group_size", 64),
+                         data_dir=self.data_dir)
+        kw = {"profile": self.profile, "experiment": self.spec["experiment"], "config": config}
+        result = shed_result(out["shed"], folder, **kw)
+        if out["prune"] is not None:
+            kc = prune_result(out["prune"], folder, **kw)
+            result["metrics"].update({k: kc["metrics"][k] for k in ("key_dim_before", "key_dim_after")},
+                                     state_bytes_after=kc["metrics"]["state_bytes_after"])
+            for stale in ("parameters_after", "flops_per_token_after"):  # of the shed model, before the key channels
+                result["metrics"].pop(stale, None)
+            result["extra"]["selection_file"] = kc["extra"]["selection_file"]
+            result["model"] = kc["model"]
+            result["wall_time_s"] += kc["wall_time_s"]
+        return self._with_costs(cell, config, folder, result)
+
+    def _with_costs(self, cell: Cell, config: dict, folder: Path, result: dict) -> dict:
+        """With the profile's `prune: {costs: true}`: parameters, state bytes and FLOPs per token of the dense and
+        the pruned model (pruning.shed.structure_costs), and with `decode: {...}` (pruning.shed.decode_timing
+        settings) their batch-1 decode time, side by side."""
+        if not config.get("costs"):
+            return result
+        from transformers import AutoModelForCausalLM
+
+        from state_reduction.pruning.shed import decode_timing, structure_costs
+
+        dense = AutoModelForCausalLM.from_pretrained(self.dense(cell.model)["path"]).eval()
+        reduced = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+        before, after = structure_costs(dense), structure_costs(reduced)
+        result["metrics"].update({f"{k}_before": v for k, v in before.items()})
+        result["metrics"].update({f"{k}_after": v for k, v in after.items()})
+        if config.get("decode"):
+            result["metrics"].update(decode_timing(dense, reduced, **config["decode"]))
+        return result
 
     def run_prune(self, name: str, config: dict) -> dict:
         cell = self._cell(config)

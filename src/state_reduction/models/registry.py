@@ -75,6 +75,9 @@ def register_auto_classes() -> None:
     from state_reduction.models.ralimp_variant import register_ralimp_auto_classes
 
     register_ralimp_auto_classes()
+    from state_reduction.models.shed import register_shed_auto_classes
+
+    register_shed_auto_classes()
     _registered = True
 
 

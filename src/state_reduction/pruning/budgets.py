@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from state_reduction.errors import InputError
+
 BUDGETS = ("uniform", "global-aire", "global-last")
 
 
@@ -51,23 +53,23 @@ def layer_budget(scores: dict[int, torch.Tensor], K: int, ratio: float, budget: 
                  multiple: int = 1, allow_layer_removal: bool = False) -> Budget:
     """Per-layer K' from per-channel scores {layer: [H, K]} (see the module docstring)."""
     if budget not in BUDGETS:
-        raise ValueError(f"--budget {budget!r} unknown; accepted: {', '.join(BUDGETS)}")
+        raise InputError(f"--budget {budget!r} unknown; accepted: {', '.join(BUDGETS)}")
     if not 0 <= ratio < 1:
-        raise ValueError(f"--ratio must be in [0, 1), got {ratio}")
+        raise InputError(f"--ratio must be in [0, 1), got {ratio}")
     if multiple < 1 or floor < 0:
-        raise ValueError(f"--multiple must be >= 1 and --floor >= 0, got {multiple} and {floor}")
+        raise InputError(f"--multiple must be >= 1 and --floor >= 0, got {multiple} and {floor}")
     uniform_k = math.floor(K * (1 - ratio) + 1e-9)
     heads = {layer: s.shape[0] for layer, s in scores.items()}
     requested = sum(h * uniform_k for h in heads.values())
     if budget == "uniform":
         return Budget({layer: uniform_k for layer in scores}, requested, requested)
     if floor == 0 and not allow_layer_removal:
-        raise ValueError("--floor 0 lets a global budget remove every channel of a layer; pass --allow-layer-removal "
+        raise InputError("--floor 0 lets a global budget remove every channel of a layer; pass --allow-layer-removal "
                          "or a floor >= 1")
     min_k = max(floor, 0 if allow_layer_removal else 1)
     if sum(h * min_k for h in heads.values()) > requested:
         limit = requested // sum(heads.values())
-        raise ValueError(f"--floor {floor}: the floors alone need {sum(h * min_k for h in heads.values())} channels, "
+        raise InputError(f"--floor {floor}: the floors alone need {sum(h * min_k for h in heads.values())} channels, "
                          f"more than the budget's {requested} at ratio {ratio}; the largest floor is {limit}")
     normalised = {layer: layer_normalise(s) for layer, s in scores.items()}
     pooled = torch.cat([n.flatten() for n in normalised.values()])
@@ -109,5 +111,5 @@ def layer_budget(scores: dict[int, torch.Tensor], K: int, ratio: float, budget: 
 def check_scored_selector(method: str, budget: str, scored: set[str]) -> None:
     """A global budget needs per-channel scores: a rotation-based selector (PCA) has none."""
     if budget != "uniform" and method not in scored:
-        raise ValueError(f"--budget {budget} needs per-channel scores; --method {method} has none "
+        raise InputError(f"--budget {budget} needs per-channel scores; --method {method} has none "
                          f"(accepted with a global budget: {', '.join(sorted(scored))})")

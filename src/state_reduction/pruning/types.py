@@ -71,6 +71,7 @@ class KeyChannelAdapter(ABC):
     model_type: str
     family: str
     required_fields: tuple[str, ...]  # config fields the adapter reads (checked by `get_adapter`)
+    structure = None  # adapters.structure.StructureLayout: blocks, mixers and MLPs (structure removal)
 
     @abstractmethod
     def mixers(self, model: nn.Module) -> Iterator[MixerRef]:

@@ -39,6 +39,8 @@ TARGETS: dict[str, RFTTargets] = {
     "qwen3_5_text": RFTTargets(lora=("in_proj_qkv",), extra_scope="mixers", unwrappable={
         "conv1d": "the Qwen3.5 gated-delta conv1d is applied functionally (its forward is never called)"}),
 }
+# the same families with structures removed (state_reduction.models.shed): the remaining mixers are the same modules
+TARGETS.update({f"{t}_shed": TARGETS[t] for t in ("delta_net", "gated_deltanet", "mamba2", "qwen3_5_text")})
 
 
 # RaLiMP variants (models/ralimp_variant.py): the family's LoRA targets; the replaced MLPs train in full through

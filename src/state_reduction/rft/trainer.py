@@ -130,8 +130,15 @@ def load_causal_lm(path: str, what: str, dtype: torch.dtype | str = torch.float3
 
 def check_pair(student, teacher, student_path: str, teacher_path: str) -> None:
     """Teacher and student must be one family with one vocabulary (same logits space)."""
+    from state_reduction.models.shed import SHED_SUFFIX
+
     s, t = student.config, teacher.config
-    if getattr(s, "base_model_type", s.model_type) != getattr(t, "base_model_type", t.model_type):
+    # a linearized variant (base_model_type) or a student with structures removed (models/shed.py) pairs with its
+    # family's dense teacher
+    def family(config) -> str:
+        return getattr(config, "base_model_type", config.model_type).removesuffix(SHED_SUFFIX)
+
+    if family(s) != family(t):
         raise RFTError(f"teacher {teacher_path} is {t.model_type!r} but student {student_path} is {s.model_type!r}; "
                        "the teacher must be the unpruned model of the student's family")
     if s.vocab_size != t.vocab_size:

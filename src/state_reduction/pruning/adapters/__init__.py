@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 
+import torch
+
 from state_reduction.errors import InputError, UnknownNameError
 from state_reduction.pruning.adapters.deltanet import (
     DeltaNetAdapter,
@@ -14,9 +16,28 @@ from state_reduction.pruning.adapters.mamba2 import Mamba2Adapter
 from state_reduction.pruning.adapters.qwen3_5 import Qwen3_5Adapter
 from state_reduction.pruning.types import KeyChannelAdapter
 
+
+def shed_variant(adapter: KeyChannelAdapter) -> KeyChannelAdapter:
+    """The adapter of `<model_type>_shed` (state_reduction.models.shed): the same family with some mixers removed,
+    whose recurrent state then lies in the remaining recurrent mixers only."""
+    base = type(adapter)
+
+    def state_bytes_per_sequence(self, config, dtype=torch.bfloat16) -> int:
+        recurrent = [i for i in range(config.num_hidden_layers) if self.structure.is_recurrent(config, i)]
+        removed = set(getattr(config, "shed_removed_mixers", None) or []) & set(recurrent)
+        if not recurrent:
+            return 0
+        return base.state_bytes_per_sequence(self, config, dtype) // len(recurrent) * (len(recurrent) - len(removed))
+
+    cls = type(f"Shed{base.__name__}", (base,), {
+        "model_type": base.model_type + "_shed", "family": base.family,
+        "state_bytes_per_sequence": state_bytes_per_sequence, "__module__": __name__})
+    return cls()
+
+
+_STOCK = (DeltaNetAdapter(), SharedConvDeltaNetAdapter(), GatedDeltaNetAdapter(), Mamba2Adapter(), Qwen3_5Adapter())
 ADAPTERS: dict[str, KeyChannelAdapter] = {
-    a.model_type: a for a in (DeltaNetAdapter(), SharedConvDeltaNetAdapter(), GatedDeltaNetAdapter(), Mamba2Adapter(),
-                              Qwen3_5Adapter())
+    a.model_type: a for a in _STOCK + tuple(shed_variant(a) for a in _STOCK if a.model_type != "delta_net_shared_conv")
 }
 
 
@@ -75,4 +96,4 @@ def get_adapter(model_or_config) -> KeyChannelAdapter:
 
 
 __all__ = ["ADAPTERS", "DeltaNetAdapter", "GatedDeltaNetAdapter", "Mamba2Adapter", "Qwen3_5Adapter",
-           "SharedConvDeltaNetAdapter", "get_adapter"]
+           "SharedConvDeltaNetAdapter", "get_adapter", "shed_variant"]

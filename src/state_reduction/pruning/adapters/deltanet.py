@@ -23,6 +23,7 @@ from state_reduction.pruning.adapters.base import (
     replace_conv_channels,
     replace_linear_rows,
 )
+from state_reduction.pruning.adapters.structure import StructureLayout
 from state_reduction.pruning.dynamics import HeadDynamics
 from state_reduction.pruning.types import InputHook, KeyChannelAdapter, KeyChannelSelection, MixerRef, QKHook
 
@@ -123,6 +124,8 @@ class DeltaNetAdapter(FlaKeyChannelAdapter):
 
     def qk_l2_normalised(self, mixer: nn.Module) -> bool:
         return mixer.qk_norm == "l2"
+
+    structure = StructureLayout(layers="model.layers", mixers={"attn": "fla"}, mlp="mlp", attn_layers="attn.layers")
 
     def key_heads(self, config) -> tuple[int, int]:
         key_dim = round(config.hidden_size * config.expand_k)

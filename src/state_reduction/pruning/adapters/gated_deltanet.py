@@ -11,6 +11,7 @@ from torch import nn
 from state_reduction.errors import InputError
 from state_reduction.pruning.adapters.base import Undo
 from state_reduction.pruning.adapters.deltanet import FlaKeyChannelAdapter, FlaLayout, _n_linear_layers
+from state_reduction.pruning.adapters.structure import StructureLayout
 from state_reduction.pruning.dynamics import HeadDynamics
 from state_reduction.pruning.types import KeyChannelSelection
 
@@ -41,6 +42,7 @@ class GatedDeltaNetAdapter(FlaKeyChannelAdapter):
     required_fields = ("num_heads", "head_dim", "expand_v", "num_hidden_layers")
     layout = FlaLayout(mixer_class="fla.layers.gated_deltanet:GatedDeltaNet")
     dynamics = HeadDynamics(gate="a_proj", beta="b_proj", value_heads="num_v_heads")
+    structure = StructureLayout(layers="model.layers", mixers={"attn": "fla"}, mlp="mlp", attn_layers="attn.layers")
 
     def key_heads(self, config) -> tuple[int, int]:
         return config.num_heads, config.head_dim

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from state_reduction.pruning.adapters.base import FusedQKAdapter, find_mixers
+from state_reduction.pruning.adapters.structure import StructureLayout
 from state_reduction.pruning.dynamics import HeadDynamics
 from state_reduction.pruning.types import KeyChannelAdapter, MixerRef
 
@@ -30,6 +31,8 @@ class Mamba2Adapter(FusedQKAdapter, KeyChannelAdapter):
 
     def qk_l2_normalised(self, mixer: nn.Module) -> bool:
         return False
+
+    structure = StructureLayout(layers="backbone.layers", mixers={"mixer": "tensor"}, mlp=None)
 
     def mixers(self, model: nn.Module) -> Iterator[MixerRef]:
         from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer

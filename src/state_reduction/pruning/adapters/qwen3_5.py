@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from state_reduction.pruning.adapters.base import FusedQKAdapter, find_mixers
+from state_reduction.pruning.adapters.structure import StructureLayout
 from state_reduction.pruning.dynamics import HeadDynamics
 from state_reduction.pruning.types import KeyChannelAdapter, MixerRef
 
@@ -28,6 +29,8 @@ class Qwen3_5Adapter(FusedQKAdapter, KeyChannelAdapter):
     q_conv_segment, k_conv_segment = 0, 1
     mask_after_conv = False
     dynamics = HeadDynamics(gate="in_proj_a", beta="in_proj_b", value_heads="num_v_heads")
+    structure = StructureLayout(layers="model.layers", mixers={"linear_attn": "tensor", "self_attn": "pair"}, mlp="mlp",
+                                layer_types="layer_types", recurrent_type="linear_attention")
 
     def mixers(self, model: nn.Module) -> Iterator[MixerRef]:
         from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
