@@ -30,9 +30,9 @@ IGNORE_INDEX = -100
 class MQARVocab:
     """Token-id blocks: keys [first, first+n_keys), then values, then noise tokens."""
 
-    n_keys: int = 64
-    n_values: int = 64
-    n_noise: int = 64
+    n_keys: int = 16
+    n_values: int = 16
+    n_noise: int = 16
     first: int = 1024  # above the byte-level BPE tokenizer's byte tokens and specials
 
     @property

@@ -73,7 +73,7 @@ def test_suite_runs_on_real_models_through_evaluate(tmp_path, one_thread, family
 
     model = build_model(family, dict(config, vocab_size=1400), seed=0).eval()
     tok = type("T", (), {"name_or_path": None, "__len__": lambda self: 1400})()
-    out = evaluate(model, tok, suite="tiny_mqar", batch_size=8, max_length=256, limit=4, data_dir=tmp_path)
+    out = evaluate(model, tok, suite="tiny_mqar", batch_size=8, max_length=128, limit=4, data_dir=tmp_path)
     assert set(out["tasks"]) == set(mq.CELLS)
     for name in mq.CELLS:
         acc = out["metrics"][f"{name}_acc"]
@@ -81,15 +81,15 @@ def test_suite_runs_on_real_models_through_evaluate(tmp_path, one_thread, family
         assert out["n_examples"][name] == 4 * mq.CELLS[name][0]
     # the model's own full forward agrees with the head-at-the-queries scoring
     manifest = mq.build_mqar_suite(data_dir=tmp_path)
-    data = torch.load(manifest["cells"]["mqar_128_p8"]["data_file"])
+    data = torch.load(manifest["cells"]["mqar_32_p8"]["data_file"])
     ids, labels = data["input_ids"][:4], data["labels"][:4]
     with torch.no_grad():
         pred = model(input_ids=ids).logits[:, :-1].argmax(-1)
     scored = labels[:, 1:] != -100
     direct = (pred[scored] == labels[:, 1:][scored]).double().mean().item()
-    assert out["metrics"]["mqar_128_p8_acc"] == pytest.approx(direct)
+    assert out["metrics"]["mqar_32_p8_acc"] == pytest.approx(direct)
 
 
 def test_max_length_shorter_than_a_cell_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="exceed max_length 128"):
-        mq.run_mqar_suite(_Oracle(), VOCAB, max_length=128, data_dir=tmp_path)
+    with pytest.raises(ValueError, match="exceed max_length 32"):
+        mq.run_mqar_suite(_Oracle(), VOCAB, max_length=32, data_dir=tmp_path)
