@@ -110,6 +110,8 @@ def test_mqar_mixture_resumes_bit_for_bit_and_scores_only_recalled_values(tmp_pa
     assert parts["loss_text"] == pytest.approx(expect_text.item(), rel=1e-5)
     assert parts["loss_mqar"] == pytest.approx(expect_mqar.item(), rel=1e-5)
     assert loss.item() == pytest.approx(expect_text.item() + expect_mqar.item(), rel=1e-5)
+    weighted, _ = mixed_mqar_loss(model, text, step=5, cfg=_cfg(mqar={**MQAR, "text_weight": 0.1}))
+    assert weighted.item() == pytest.approx(0.1 * expect_text.item() + expect_mqar.item(), rel=1e-5)
 
 
 def test_unknown_mqar_keys_are_named(tmp_path):
