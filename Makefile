@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PROFILE ?= tiny
 PYTEST_ARGS ?=
+SEEDS ?=
 LM_TABLES := table1 table3 table8 table9 table10 table12 table13 table20 table21 table22 table23 table24
 
 .PHONY: setup test $(LM_TABLES) tiny-models tokenizer clean-venv help
@@ -46,9 +47,10 @@ tiny-models: setup
 # evaluate pre-RFT, RFT, evaluate post-RFT), then renders LaTeX, Markdown, the comparison with the paper and
 # the figure. A second run reruns nothing. `state-reduction run-table TABLE --profile paper --dry-run` prints
 # the plan without running it.
+# SEEDS="0 1 2": replicate seeds (calibration draw + RFT run each); the tables then show mean ± 95% CI.
 $(LM_TABLES): setup
-	$(VENV)/bin/state-reduction run-table $@ --profile $(PROFILE)
-	$(PY) paper_tables/$@.py --profile $(PROFILE)
+	$(VENV)/bin/state-reduction run-table $@ --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS))
+	$(PY) paper_tables/$@.py --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS))
 
 clean-venv:
 	rm -rf $(VENV)
@@ -92,6 +94,11 @@ table2 table7: setup
 table16: setup
 	$(VENV)/bin/state-reduction run-table $@ --experiment coupled_selection --profile $(PROFILE)
 	$(PY) paper_tables/$@.py --profile $(PROFILE)
+
+# The generated verdict blocks of the experiment READMEs, decided from results (state_reduction/claims.py).
+.PHONY: verdicts
+verdicts: setup
+	$(VENV)/bin/state-reduction verdicts --write --profile $(PROFILE)
 
 # A static, offline HTML page of every result of the profile: results/$(PROFILE)/dashboard.html
 .PHONY: dashboard

@@ -16,7 +16,9 @@ import json
 import math
 from pathlib import Path
 
+from state_reduction.stats import mean_ci
 from state_reduction.pipeline import (
+    CONTROL,
     collect,
     find_experiment,
     load_experiment,
@@ -24,12 +26,14 @@ from state_reduction.pipeline import (
     table_cells,
     table_evaluate,
     table_methods,
+    table_seeds,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "paper_tables" / "reference_data"
 METHOD_ORDER = ["l1", "rand", "drrqr", "grad", "wanda"]
-METHOD_NAMES = {"l1": "L1", "rand": "Rand", "drrqr": "DRRQR", "grad": "Grad", "wanda": "S-Wanda", "baseline": "Baseline"}
+METHOD_NAMES = {"l1": "L1", "rand": "Rand", "drrqr": "DRRQR", "grad": "Grad", "wanda": "S-Wanda", "baseline": "Baseline",
+                CONTROL: "Dense+RFT"}
 # (metric key in results, header, lower is better, scale)
 WIKI = ("wiki_word_perplexity", "Wiki $\\downarrow$", True, 1.0)
 LMB = ("lambada_ppl", "LMB $\\downarrow$", True, 1.0)
@@ -58,15 +62,18 @@ PAPER_KEYS = {"wiki_word_perplexity": "wiki_ppl", "lambada_ppl": "lambada_ppl", 
 class Table:
     """The cells of one table on one profile: values by (model, method, ratio, rft) and the holes."""
 
-    def __init__(self, experiment: str | None, table: str, profile: str, results_root=None):
+    def __init__(self, experiment: str | None, table: str, profile: str, results_root=None, seeds=None):
         experiment = experiment or find_experiment(table)
-        self.experiment, self.table, self.profile = experiment, table, profile
+        self.experiment, self.table, self.profile, self.seeds = experiment, table, profile, seeds
         self.spec = load_experiment(experiment)
-        self.models, self.cells, self.rft_states = table_cells(self.spec, table, profile)
+        self.models, self.cells, self.rft_states = table_cells(self.spec, table, profile, seeds)
         self.methods = table_methods(self.spec, table)  # in the config's order, which is the paper's row order
         self.p = profile_spec(self.spec, profile)
         self.evaluate = table_evaluate(self.spec, table, profile)[0]  # the profile's, or the table's own (Table 12)
         self.suite = self.evaluate["suite"]
+        self.control = any(c.method == CONTROL for c in self.cells)
+        wanted = {(c.model, c.method, c.ratio, c.vary) for c in self.cells}
+        # (model, method, ratio, rft) -> {replicate (the cell's vary): metrics}; one replicate per seed
         self.values = {}
         for r in collect(self.spec["experiment"], profile, results_root):
             if r["kind"] != "evaluate":
@@ -74,24 +81,47 @@ class Table:
             c = r["config"]
             if any(k in c and c[k] != v for k, v in self.evaluate.items()):
                 continue  # evaluated with other settings, for another table of the experiment
-            self.values[(c["model"], c["method"], c["ratio"], c["rft"])] = r["metrics"]
+            vary = tuple(sorted(c.get("vary", {}).items()))
+            if c["method"] != "baseline" and (c["model"], c["method"], c["ratio"], vary) not in wanted:
+                continue  # a replicate or variation this table does not show
+            self.values.setdefault((c["model"], c["method"], c["ratio"], c["rft"]), {})[vary] = r["metrics"]
             if c["method"] == "baseline":  # the dense model is its own post-RFT row, as in the paper
-                self.values[(c["model"], c["method"], c["ratio"], True)] = r["metrics"]
-        self.ratios = sorted({c.ratio for c in self.cells}, reverse=True)
+                self.values.setdefault((c["model"], c["method"], c["ratio"], True), {})[vary] = r["metrics"]
+        self.ratios = sorted({c.ratio for c in self.cells if c.method != CONTROL}, reverse=True)
         self.missing = []
         for m in self.models:
             if (m, "baseline", 0.0, False) not in self.values:
                 self.missing.append(f"{m}-baseline-r0-eval")
             for c in self.cells:
-                for rft in self.rft_states:
-                    if (c.model, c.method, c.ratio, rft) not in self.values and c.model == m:
+                for rft in (True,) if c.method == CONTROL else self.rft_states:
+                    if c.model == m and c.vary not in self.values.get((c.model, c.method, c.ratio, rft), {}):
                         self.missing.append(f"{c.name}-eval-{'post' if rft else 'pre'}")
 
-    def get(self, model, method, ratio, rft, metric):
-        ratio = 0.0 if method == "baseline" else ratio
+    def samples(self, model, method, ratio, rft, metric) -> list[float]:
+        """The metric of every replicate of the cell (scaled), in replicate order; finite values only."""
+        ratio = 0.0 if method in ("baseline", CONTROL) else ratio
         key, scale = metric[0], metric[3] if len(metric) > 3 else (100.0 if "acc" in metric[0] else 1.0)
-        v = self.values.get((model, method, ratio, rft), {}).get(key)
-        return None if v is None or not math.isfinite(v) else v * scale
+        runs = self.values.get((model, method, ratio, rft), {})
+        values = [runs[v].get(key) for v in sorted(runs, key=str)]
+        return [v * scale for v in values if v is not None and math.isfinite(v)]
+
+    def get(self, model, method, ratio, rft, metric):
+        """The mean over the cell's replicates (None: no result)."""
+        values = self.samples(model, method, ratio, rft, metric)
+        return sum(values) / len(values) if values else None
+
+    def half_width(self, model, method, ratio, rft, metric):
+        """Half-width of the 95% t-interval over replicates; None with fewer than two."""
+        values = self.samples(model, method, ratio, rft, metric)
+        return mean_ci(values).half_width if len(values) > 1 else None
+
+    def replicates(self) -> list[int]:
+        """The number of replicates behind each cell that has results (the dense baseline excluded)."""
+        return sorted({len(runs) for (m, method, r, rft), runs in self.values.items() if method != "baseline"})
+
+    def cell(self, model, method, ratio, rft, metric, mark=""):
+        """A table cell: (mean, mark, CI half-width or None)."""
+        return (self.get(model, method, ratio, rft, metric), mark, self.half_width(model, method, ratio, rft, metric))
 
     def model_label(self, key: str) -> str:
         names = self.p["models"][key]["stands_for"]
@@ -104,6 +134,11 @@ def _fmt(v) -> str:
     return f"{v:.1f}" if abs(v) < 1e5 else f"{v:.3g}"
 
 
+def _fmt_ci(v, half_width, template: str = "{mean} ± {hw}") -> str:
+    """The mean, with the half-width of its 95% CI when the cell has two or more replicates."""
+    return _fmt(v) if v is None or half_width is None else template.format(mean=_fmt(v), hw=_fmt(half_width))
+
+
 def rank_marks(values: list, lower_is_better: bool) -> list[str]:
     """'best' / 'second' / '' per value (None never ranks); ties share the mark."""
     present = sorted({v for v in values if v is not None}, reverse=not lower_is_better)
@@ -113,13 +148,13 @@ def rank_marks(values: list, lower_is_better: bool) -> list[str]:
             for v in values]
 
 
-def _tex(v, mark) -> str:
-    s = _fmt(v)
+def _tex(v, mark, half_width=None) -> str:
+    s = _fmt_ci(v, half_width, "{mean}{{\\scriptsize$\\pm${hw}}}")
     return f"\\textbf{{{s}}}" if mark == "best" else f"\\underline{{{s}}}" if mark == "second" else s
 
 
-def _md(v, mark) -> str:
-    s = _fmt(v)
+def _md(v, mark, half_width=None) -> str:
+    s = _fmt_ci(v, half_width)
     return f"**{s}**" if mark == "best" else f"<u>{s}</u>" if mark == "second" else s
 
 
@@ -135,12 +170,13 @@ def layout_pre_post(t: Table):
     header = ["Model", "Method"] + [f"{'Pre' if not rft else 'Post'}-RFT {m[1]}" for rft in (False, True) for m in metrics]
     rows = []
     for model in t.models:
-        for i, method in enumerate(t.methods + ["baseline"]):
+        for i, method in enumerate(t.methods + ["baseline"] + ([CONTROL] if t.control else [])):
             cells = [t.model_label(model) if i == 0 else "", METHOD_NAMES[method]]
             for rft in (False, True):
                 for metric in metrics:
-                    mark = "" if method == "baseline" else _column_marks(t, model, 0.5, rft, metric)[method]
-                    cells.append((t.get(model, method, t.ratios[0], rft, metric), mark))
+                    ranked = method not in ("baseline", CONTROL)
+                    mark = _column_marks(t, model, t.ratios[0], rft, metric)[method] if ranked else ""
+                    cells.append(t.cell(model, method, t.ratios[0], rft, metric, mark))
             rows.append(cells)
     return header, rows
 
@@ -156,7 +192,7 @@ def layout_ratios_post(t: Table):
             for ratio in t.ratios:
                 for metric in metrics:
                     mark = "" if method == "baseline" else _column_marks(t, model, ratio, True, metric)[method]
-                    cells.append((t.get(model, method, ratio, True, metric), mark))
+                    cells.append(t.cell(model, method, ratio, True, metric, mark))
             rows.append(cells)
     return header, rows
 
@@ -172,11 +208,11 @@ def layout_zero_shot(t: Table):
                 for method in t.methods:
                     cells = [t.model_label(model), "yes" if rft else "no", METHOD_NAMES[method], f"{round(ratio * 100)}%"]
                     for metric in metrics:
-                        cells.append((t.get(model, method, ratio, rft, metric),
-                                      _column_marks(t, model, ratio, rft, metric)[method]))
+                        cells.append(t.cell(model, method, ratio, rft, metric,
+                                            _column_marks(t, model, ratio, rft, metric)[method]))
                     rows.append(cells)
         cells = [t.model_label(model), "--", "Baseline", "0%"]
-        rows.append(cells + [(t.get(model, "baseline", 0.0, False, m), "") for m in metrics])
+        rows.append(cells + [t.cell(model, "baseline", 0.0, False, m) for m in metrics])
     return header, rows
 
 
@@ -196,7 +232,7 @@ def _method_rows(t: Table, model, metrics, rft: bool, first: list, order):
         cells = list(first(method, ratio))
         for metric in metrics:
             mark = "" if method == "baseline" else _column_marks(t, model, ratio, rft, metric)[method]
-            cells.append((t.get(model, method, ratio, rft, metric), mark))
+            cells.append(t.cell(model, method, ratio, rft, metric, mark))
         rows.append(cells)
     return rows
 
@@ -420,20 +456,40 @@ def _plot_bars(t: Table, stem: Path, ratio: float, plt) -> list[Path]:
 
 
 def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
-           out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False) -> dict:
-    t = Table(experiment, table, profile, results_root)
+           out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False, seeds=None) -> dict:
+    t = Table(experiment, table, profile, results_root, seeds)
     header, rows = LAYOUTS[table](t)
     # e.g. Table 12's long-context columns, until a suite measures them
     empty = [h for j, h in enumerate(header)
              if all(not isinstance(r[j], str) and r[j][0] is None for r in rows)]
     md = to_markdown(header, rows)
-    written = write_outputs(table, profile, out_root, to_latex(t, header, rows), md, comparison(t))
+    tex = to_latex(t, header, rows)
+    caption = ci_caption(t)
+    if caption:
+        md += "\n" + caption + "\n"
+        tex += "% " + caption + "\n"
+    written = write_outputs(table, profile, out_root, tex, md, comparison(t))
     written["figures"] = plot(t, (figures_root or ROOT / "figures") / profile / table)
     notes = [f"no result has these columns (rendered as --): {', '.join(map(_plain, empty))}"] if empty else []
+    seeds = table_seeds(t.spec, table, profile, seeds)
+    if len(seeds) > 1 and t.replicates() == [1]:
+        notes.append(f"the table asks for {len(seeds)} seeds but each cell has one replicate so far: no CI shown")
     if not quiet:
         report(written, md, t.missing, notes)
     written["missing"], written["empty_columns"] = t.missing, empty
     return written
+
+
+def ci_caption(t: Table) -> str:
+    """What the ± means, when some cell has two or more replicates ("" otherwise: single-seed output unchanged)."""
+    reps = t.replicates()
+    if not reps or max(reps) < 2:
+        return ""
+    n = f"{reps[0]}" if len(reps) == 1 else f"{reps[0]}-{reps[-1]}"
+    return (f"Mean ± half-width of the 95% t-interval over {n} replicates per cell; a replicate is one seed, which "
+            f"draws the calibration sequences and drives the RFT run (data order, LoRA initialisation). The dense "
+            f"baseline is one deterministic evaluation."
+            + (" Dense+RFT: the dense model fine-tuned with the same RFT recipe and budget." if t.control else ""))
 
 
 def write_outputs(table: str, profile: str, out_root: Path | None, tex: str, md: str, vs_paper: str) -> dict:
@@ -461,19 +517,25 @@ def report(written: dict, md: str, missing: list[str], notes=()) -> None:
 def main(table: str, argv=None, render_fn=None, experiment_help: str | None = None) -> int:
     """The command line of a table's renderer (`paper_tables/tableN.py`)."""
     import argparse
+    import inspect
 
     p = argparse.ArgumentParser(description=f"Render {table} from result JSON")
     p.add_argument("--profile", default="tiny", choices=["tiny", "paper"])
     p.add_argument("--experiment", default=None,
                    help=experiment_help or "default: the experiment whose config.yaml declares the table")
     p.add_argument("--results-root", default=None)
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="replicate seeds shown (as run-table --seeds; default: the table's)")
     p.add_argument("--out-root", default=None, type=Path,
                    help="write OUT_ROOT/<profile>/<table>.* and OUT_ROOT/figures/<profile>/ instead of "
                         "paper_tables/out/ and figures/")
     args = p.parse_args(argv)
+    extra = {"seeds": args.seeds} if args.seeds is not None else {}
+    if extra and "seeds" not in inspect.signature(render_fn or render).parameters:
+        p.error(f"{table}: --seeds is not supported by this table's renderer (replicates: the LM tables)")
     if args.out_root is None:
-        (render_fn or render)(table, args.profile, args.experiment, args.results_root)
+        (render_fn or render)(table, args.profile, args.experiment, args.results_root, **extra)
     else:
         (render_fn or render)(table, args.profile, args.experiment, args.results_root,
-                              out_root=args.out_root, figures_root=args.out_root / "figures")
+                              out_root=args.out_root, figures_root=args.out_root / "figures", **extra)
     return 0

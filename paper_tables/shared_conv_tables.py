@@ -58,7 +58,8 @@ class SharedConvTable(Table):
         for r in collect(EXPERIMENT, profile, results_root):
             c = r["config"]
             if r["kind"] == "evaluate" and all(c.get(k) == v for k, v in settings.items()):
-                self.values[(c["model"], c["method"], c["ratio"], c["rft"])] = r["metrics"]
+                vary = tuple(sorted(c.get("vary", {}).items()))
+                self.values.setdefault((c["model"], c["method"], c["ratio"], c["rft"]), {})[vary] = r["metrics"]
         self.missing = [f"{m}-baseline-r0-eval{suffix}" for m in self.models
                         if (m, "baseline", 0.0, False) not in self.values]
         self.missing += [f"{c.name}-eval-pre{suffix}" for c in self.cells

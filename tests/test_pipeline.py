@@ -78,7 +78,9 @@ def test_table_cells_map_paper_models_onto_stand_ins():
     spec = load_experiment("deltanet_gdn")
     models, cells, rft = table_cells(spec, "table20", "tiny")
     assert models == ["deltanet", "gated_deltanet"] and rft == (False, True)
-    assert len(cells) == 2 * 5 and {c.ratio for c in cells} == {0.5}
+    pruned = [c for c in cells if c.method != "dense"]
+    assert len(pruned) == 2 * 5 and {c.ratio for c in pruned} == {0.5}
+    assert [(c.model, c.ratio) for c in cells if c.method == "dense"] == [("deltanet", 0.0), ("gated_deltanet", 0.0)]
     models, cells, rft = table_cells(spec, "table1", "paper")
     assert models == ["gated_deltanet-1.3b"] and rft == (True,) and len(cells) == 3 * 5
 

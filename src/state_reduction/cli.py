@@ -13,7 +13,8 @@ from state_reduction.provenance import REPO_ROOT, TINY_CHECKPOINTS, TINY_MODELS_
 # Subcommands defined next to their code: each module has register(subparsers), which adds its parsers
 # with set_defaults(func=handler). Append a module here to add a subcommand.
 SUBCOMMAND_MODULES: list[str] = ["state_reduction.speed.cli", "state_reduction.rft.cli", "state_reduction.analysis.cli",
-                                 "state_reduction.pruning.memory", "state_reduction.slurm", "state_reduction.tracking"]
+                                 "state_reduction.pruning.memory", "state_reduction.slurm", "state_reduction.tracking",
+                                 "state_reduction.claims"]
 
 
 def _cmd_data(args) -> int:
@@ -104,7 +105,8 @@ def _cmd_run_table(args) -> int:
     from state_reduction.pipeline import plan_table, run_table
 
     if args.dry_run:
-        plan = plan_table(args.experiment, args.table, args.profile, results_root=args.results_root)
+        plan = plan_table(args.experiment, args.table, args.profile, results_root=args.results_root,
+                          seeds=args.seeds)
         print(f"{plan['table']} ({plan['profile']} profile), experiment {plan['experiment']}: "
               f"results in {plan['results_dir']}")
         for key, path in plan["models"].items():
@@ -115,7 +117,7 @@ def _cmd_run_table(args) -> int:
                 print(f"  {name}: {json.dumps(config, sort_keys=True)}")
         return 0
     paths = run_table(args.experiment, args.table, args.profile, results_root=args.results_root,
-                      data_dir=args.data_dir)
+                      data_dir=args.data_dir, seeds=args.seeds)
     folder = paths[0].parent if paths else None
     print(f"{args.table} ({args.profile}): {len(paths)} result files in {folder}")
     return 0
@@ -203,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print every stage and resolved configuration; run nothing, load no model, call no hub")
     b.add_argument("--results-root", default=None, help="default: results/ in the repository")
     b.add_argument("--data-dir", default=None)
+    b.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="replicate seeds (default: the table's `seeds:`, else one); each seed draws the calibration "
+                        "data and drives the RFT run; the tables show mean ± 95%% CI over them")
     b.set_defaults(func=_cmd_run_table)
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)

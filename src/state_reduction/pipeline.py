@@ -109,7 +109,7 @@ def table_methods(spec: dict, table: str) -> list[str]:
     return list(methods)
 
 
-def table_cells(spec: dict, table: str, profile: str) -> tuple[list[str], list[Cell], tuple[bool, ...]]:
+def table_cells(spec: dict, table: str, profile: str, seeds=None) -> tuple[list[str], list[Cell], tuple[bool, ...]]:
     """(model keys, cells, rft states) of `table` on `profile`; the paper's model names map to model keys
     through `stands_for`, and two names on one stand-in give one set of runs. The methods are the table's
     `methods:` where it has one, else the experiment's."""
@@ -126,8 +126,35 @@ def table_cells(spec: dict, table: str, profile: str) -> tuple[list[str], list[C
         if key not in keys:
             keys.append(key)
     cells = [Cell(k, m, float(r)) for k in keys for r in t["ratios"] for m in table_methods(spec, table)]
-    cells = expand_vary(spec, table, profile, cells)
-    return keys, cells, tuple(bool(x) for x in t["rft"])
+    rft_states = tuple(bool(x) for x in t["rft"])
+    if t.get("control") and True in rft_states:
+        cells += [Cell(k, CONTROL, 0.0) for k in keys]
+    cells = expand_vary(spec, table, profile, cells, seeds)
+    return keys, cells, rft_states
+
+
+# The dense+RFT control of a table with `control: true` (issue 15): the dense model fine-tuned with the table's
+# RFT recipe and budget, evaluated post-RFT only, so that recovery can be read against it rather than against a
+# dense model that never saw the fine-tuning data.
+CONTROL = "dense"
+
+
+def table_seeds(spec: dict, table: str, profile: str, override=None) -> list:
+    """The replicate seeds of `table` on `profile`: `override` (run-table --seeds), else the table's
+    `seeds: {profile: [...]}`, else the profile's `seeds:`, else the profile's one pruning seed. One seed drives both
+    the calibration draw and the RFT run of a replicate (its data order and LoRA initialisation), so replicates
+    differ in everything that is random."""
+    own = (spec["tables"][table].get("seeds") or {})
+    if not isinstance(own, dict):
+        raise PipelineError(f"{table} of experiment {spec['experiment']!r}: seeds must be a mapping profile -> list "
+                            f"of ints, got {own!r}")
+    p = profile_spec(spec, profile)
+    seeds = list(override) if override is not None else own.get(profile, p.get("seeds", [p["prune"]["seed"]]))
+    if not seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise PipelineError(f"{table} of experiment {spec['experiment']!r} ({profile}): seeds must be a list of "
+                            f"distinct ints, got {seeds!r}")
+    return list(seeds)
 
 
 # A table's `vary:` crosses pruning settings with its cells (Tables 2, 7, 16): a mapping of setting -> list of
@@ -185,9 +212,22 @@ def table_evaluate(spec: dict, table: str, profile: str) -> tuple[dict, str]:
     return {**base, **override}, "".join(f"-{k}_{v}" for k, v in changed)
 
 
-def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell]) -> list[Cell]:
-    """Each cell once per variation of the table (unchanged where the table has no `vary:`)."""
-    return [Cell(c.model, c.method, c.ratio, v) for c in cells for v in table_variations(spec, table, profile)]
+def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell], seeds=None) -> list[Cell]:
+    """Each cell once per variation of the table (unchanged where the table has no `vary:`), and each of those
+    once per replicate seed (table_seeds) unless the variation sets the seed itself (Table 7). The profile's own
+    seed is no override, so the first replicate keeps the plain name and key of a single-seed run."""
+    default = profile_spec(spec, profile)["prune"]["seed"]
+    seeds = table_seeds(spec, table, profile, seeds)
+    out = []
+    for c in cells:
+        for v in table_variations(spec, table, profile):
+            if any(k == "seed" for k, _ in v):
+                out.append(Cell(c.model, c.method, c.ratio, v))
+                continue
+            for seed in seeds:
+                extra = () if seed == default else (("seed", seed),)
+                out.append(Cell(c.model, c.method, c.ratio, tuple(sorted(v + extra))))
+    return out
 
 
 def check_context(spec: dict, profile: str, keys, local_only: bool = False, evaluate: dict | None = None) -> None:
@@ -255,9 +295,11 @@ class _Runner:
         from state_reduction.rft import PRESETS
 
         rft = self.p["rft"]
+        seed = dict(cell.vary).get("seed")
+        pruned = CONTROL if cell.method == CONTROL else config_key(self.prune_config(cell))
         # the preset's values are part of the key: editing a preset reruns RFT and what follows
-        return {**self._base(cell, "rft"), "pruned": config_key(self.prune_config(cell)), **rft,
-                "preset_values": PRESETS.get(rft["preset"])}
+        return {**self._base(cell, "rft"), "pruned": pruned, **rft,
+                **({"seed": seed} if seed is not None else {}), "preset_values": PRESETS.get(rft["preset"])}
 
     def eval_config(self, cell: Cell, rft: bool) -> dict:
         if cell.method == "baseline":
@@ -272,6 +314,8 @@ class _Runner:
 
     # -- stages ----------------------------------------------------------------------------------------------
     def ensure_pruned(self, cell: Cell) -> Path:
+        if cell.method == CONTROL:  # the control fine-tunes the dense model itself
+            return Path(self.dense(cell.model)["path"])
         config = self.prune_config(cell)
         folder = self.model_dir(cell, "prune", config)
         if not (folder / "selection.json").is_file():
@@ -360,10 +404,11 @@ def _stage_jobs(runner: _Runner, keys, cells, rft_states, stages):
     if "baseline" in stages:
         base = [Cell(k, "baseline", 0.0) for k in keys]
         yield "baseline", [(f"{c.name}-eval{sfx}", runner.eval_config(c, False)) for c in base], runner.run_eval
+    pruned = [c for c in cells if c.method != CONTROL]  # the control has no pruning and no pre-RFT evaluation
     if "prune" in stages:
-        yield "prune", [(f"{c.name}-prune", runner.prune_config(c)) for c in cells], runner.run_prune
+        yield "prune", [(f"{c.name}-prune", runner.prune_config(c)) for c in pruned], runner.run_prune
     if False in rft_states and "eval-pre" in stages:
-        yield "eval-pre", [(f"{c.name}-eval-pre{sfx}", runner.eval_config(c, False)) for c in cells], runner.run_eval
+        yield "eval-pre", [(f"{c.name}-eval-pre{sfx}", runner.eval_config(c, False)) for c in pruned], runner.run_eval
     if True in rft_states and "rft" in stages:
         yield "rft", [(f"{c.name}-rft", runner.rft_config(c)) for c in cells], runner.run_rft
     if True in rft_states and "eval-post" in stages:
@@ -384,13 +429,13 @@ def _require_hub_for(profile: str, what: str) -> None:
 
 
 def plan_table(experiment: str | None, table: str, profile: str = "tiny", results_root=None,
-               stages=STAGES) -> dict:
+               stages=STAGES, seeds=None) -> dict:
     """What run_table would run, without running, loading a model or calling the hub: per stage the result
     names and their resolved configurations (keys of upstream stages depend on the dense weights' hash, so
     the plan shows configurations, not keys)."""
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
-    keys, cells, rft_states = table_cells(spec, table, profile)
+    keys, cells, rft_states = table_cells(spec, table, profile, seeds)
     evaluate = table_evaluate(spec, table, profile)
     check_context(spec, profile, keys, local_only=True, evaluate=evaluate[0])
     runner = _Runner(spec, profile, results_root, dry_run=True, evaluate=evaluate)
@@ -400,12 +445,12 @@ def plan_table(experiment: str | None, table: str, profile: str = "tiny", result
 
 
 def run_table(experiment: str | None, table: str, profile: str = "tiny", results_root=None, data_dir=None,
-              stages=STAGES) -> list[Path]:
+              stages=STAGES, seeds=None) -> list[Path]:
     """Run what `table` needs and is missing; return the result files it reads. `experiment` None: the one
-    that declares the table (find_experiment)."""
+    that declares the table (find_experiment); `seeds` overrides the table's replicate seeds (table_seeds)."""
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
-    keys, cells, rft_states = table_cells(spec, table, profile)
+    keys, cells, rft_states = table_cells(spec, table, profile, seeds)
     _require_hub_for(profile, f"make {table}")
     evaluate = table_evaluate(spec, table, profile)
     check_context(spec, profile, keys, evaluate=evaluate[0])
@@ -446,6 +491,8 @@ class Task:
     def stages(self) -> tuple[str, ...]:
         if self.cell is None:
             return ("baseline",)
+        if self.cell.method == CONTROL:
+            return ("rft", "eval-post")
         return ("prune",) + (("eval-pre",) if False in self.rft_states else ()) + \
             (("rft", "eval-post") if True in self.rft_states else ())
 
@@ -454,6 +501,8 @@ class Task:
         """Its result files' names (without .json), as run_table names them."""
         if self.cell is None:
             return [f"{Cell(self.model, 'baseline', 0.0).name}-eval{sfx}" for sfx in dict(self.evals)]
+        if self.cell.method == CONTROL:
+            return [f"{self.cell.name}-rft"] + [f"{self.cell.name}-eval-post{sfx}" for sfx, rft in self.evals if rft]
         names = [f"{self.cell.name}-prune"] + ([f"{self.cell.name}-rft"] if True in self.rft_states else [])
         return names + [f"{self.cell.name}-eval-{'post' if rft else 'pre'}{sfx}" for sfx, rft in self.evals]
 
@@ -480,7 +529,8 @@ def plan_tasks(experiment: str, profile: str = "tiny", tables=None) -> list[Task
         for k in keys:
             models.setdefault(k, {})[(sfx, False)] = None
         for c in table_cells_:
-            cells.setdefault(c, {}).update(dict.fromkeys((sfx, rft) for rft in rft_states))
+            states = (True,) if c.method == CONTROL else rft_states
+            cells.setdefault(c, {}).update(dict.fromkeys((sfx, rft) for rft in states))
     return ([Task(f"{k}-baseline", k, None, tuple(e)) for k, e in models.items()]
             + [Task(c.name, c.model, c, tuple(e)) for c, e in cells.items()])
 

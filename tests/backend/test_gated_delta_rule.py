@@ -147,3 +147,23 @@ def test_unsupported_arguments_are_named():
         layer_call(chunk_gated_delta_rule_torch, x, allow_neg_eigval=True, use_beta_sigmoid_in_kernel=False)
     with pytest.raises(ValueError, match='num_v_heads=3'):
         layer_call(chunk_gated_delta_rule_torch, {**x, 'v': x['v'][:, :, :3]})
+
+
+@pytest.mark.parametrize('T', [1, 5])
+@pytest.mark.parametrize('gated', [True, False])
+@pytest.mark.parametrize('v_first', [True, False])
+def test_inplace_inference_scan_equals_the_autograd_scan_and_leaves_h0_alone(T, gated, v_first):
+    """Inference takes the in-place recurrence (issue 20); with inputs that need gradients the functional one runs."""
+    x = make_inputs(T=T)
+    h0 = x['h0'].transpose(-1, -2).contiguous() if v_first else x['h0']
+    kwargs = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=v_first,
+                  use_beta_sigmoid_in_kernel=True)
+    g = x['a'] if gated else torch.zeros_like(x['a'])
+    keep = h0.clone()
+    o_fast, ht_fast = recurrent_gated_delta_rule_torch(x['q'], x['k'], x['v'], g=g, beta=x['b'], **kwargs)
+    assert torch.equal(h0, keep)  # the caller's state is never written
+    q = x['q'].clone().requires_grad_(True)
+    o_ref, ht_ref = recurrent_gated_delta_rule_torch(q, x['k'], x['v'], g=g, beta=x['b'], **kwargs)
+    assert ht_fast.shape == ht_ref.shape == h0.shape
+    torch.testing.assert_close(o_fast, o_ref.detach(), atol=1e-12, rtol=0)
+    torch.testing.assert_close(ht_fast, ht_ref.detach(), atol=1e-12, rtol=0)

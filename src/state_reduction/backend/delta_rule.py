@@ -99,6 +99,39 @@ def _recurrent_scan(q, k, v, beta, g, h0, scale: float):
     return torch.stack(outputs, dim=2), h
 
 
+def _recurrent_scan_inplace(q, k, v, beta, g, h0, scale: float, v_first: bool):
+    """`_recurrent_scan` for inference (no autograd), in the state's own layout (h0 [B, H, K, V], or [B, H, V, K]
+    if v_first) and without state-sized temporaries (issue 20). Per token the state is read once (k^T h and q^T h
+    in one batched product), decayed in place (gated rule only) and updated by one in-place rank-1 product
+    (baddbmm); the caller's h0 is never written (the first token writes a fresh buffer):
+        r = [k, scale q]^T h_{t-1},   u = b (v - e^g r_k),   h_t = e^g h_{t-1} + k u^T,   o = e^g r_q + (scale q.k) u
+    State traffic per token: 3 passes (delta rule: read, then read+write) or 5 (gated: one more read+write)."""
+    B, H, T, K = q.shape
+    V = v.shape[-1]
+    h = torch.empty(h0.shape, dtype=h0.dtype, device=h0.device)  # [B, H, K, V] or [B, H, V, K], contiguous
+    flat = h.view(B * H, *h.shape[2:])
+    out = q.new_empty(B, H, T, V)
+    src = h0
+    for t in range(T):
+        k_t, q_t = k[:, :, t], q[:, :, t] * scale  # [B, H, K]
+        kq = torch.stack((k_t, q_t), dim=-1)  # [B, H, K, 2]
+        read = src @ kq if v_first else src.transpose(-1, -2) @ kq  # [B, H, V, 2]
+        if g is not None:
+            decay = g[:, :, t].exp()[..., None, None]  # [B, H, 1, 1]
+            read = read * decay
+            torch.mul(src, decay, out=h)
+        u = beta[:, :, t, None] * (v[:, :, t] - read[..., 0])  # [B, H, V]
+        rows, cols = (u, k_t) if v_first else (k_t, u)
+        rows, cols = rows.reshape(B * H, -1, 1), cols.reshape(B * H, 1, -1)
+        if g is None and src is h0:
+            torch.baddbmm(h0.reshape(B * H, *h0.shape[2:]), rows, cols, out=flat)
+        else:
+            flat.baddbmm_(rows, cols)
+        out[:, :, t] = read[..., 1] + (q_t * k_t).sum(-1, keepdim=True) * u
+        src = h
+    return out, h
+
+
 def run_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -156,15 +189,21 @@ def run_delta_rule(
     g = None if g is None else F.pad(g, (0, 0, 0, pad)).transpose(1, 2)
 
     if initial_state is None:
-        h0 = q.new_zeros(q.shape[0], HV, K, V)
+        h0 = q.new_zeros(q.shape[0], HV, V, K) if state_v_first else q.new_zeros(q.shape[0], HV, K, V)
     else:
         h0 = initial_state.to(dtype)
-        h0 = h0.transpose(-1, -2) if state_v_first else h0
+    tensors = (q, k, v, beta, h0) + (() if g is None else (g,))
+    inference = not (torch.is_grad_enabled() and any(x.requires_grad for x in tensors))
 
-    if chunk_size is None:
-        o, ht = _recurrent_scan(q, k, v, beta, g, h0, scale)
+    if chunk_size is None and inference:
+        o, ht = _recurrent_scan_inplace(q, k, v, beta, g, h0, scale, v_first=state_v_first)
+        state_v_first = False  # ht is already in the caller's layout
     else:
-        o, ht = _chunk_scan(q, k, v, beta, g, h0, scale, chunk_size)
+        h0 = h0.transpose(-1, -2) if state_v_first else h0
+        if chunk_size is None:
+            o, ht = _recurrent_scan(q, k, v, beta, g, h0, scale)
+        else:
+            o, ht = _chunk_scan(q, k, v, beta, g, h0, scale, chunk_size)
 
     o = o.transpose(1, 2)[:, :length]  # [B, T, HV, V]
     if cu_seqlens is not None:

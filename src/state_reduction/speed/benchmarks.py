@@ -226,8 +226,17 @@ def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v:
         if "recurrence" in levels:
             fn = _recurrence_fn(device)
             inputs = {label: _recurrence_inputs(batch, num_heads, k, d_v, device, dtype, seed) for label, k in vs}
-            samples = time_interleaved({label: (lambda x=inputs[label]: fn(**x)) for label, _ in vs}, protocol, device)
+            # the traffic bound, measured in the same run: one copy of a state-sized buffer (read it once, write it
+            # once) is the least memory traffic a state update can make
+            buffers = {label: (x["initial_state"], torch.empty_like(x["initial_state"])) for label, x in inputs.items()}
+            fns = {label: (lambda x=inputs[label]: fn(**x)) for label, _ in vs}
+            fns.update({f"copy_{label}": (lambda b=buffers[label]: b[1].copy_(b[0])) for label, _ in vs})
+            samples = time_interleaved(fns, protocol, device)
             rows += _level_rows("recurrence", vs, samples, d_k, share=1.0)
+            for r in rows:
+                copies = samples[f"copy_{r['label']}"]
+                r["copy_ms"] = median(copies) * 1e3
+                r["traffic_bound_multiple"] = median(t / c for t, c in zip(samples[r["label"]], copies, strict=True))
         if "layer" in levels or "model" in levels:
             if model not in ("gdn-1.3b",) and not os.path.isdir(model):
                 raise BenchError(f"recurrence levels layer/model need a Gated DeltaNet model, got {model!r}")
@@ -253,6 +262,8 @@ def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v:
                 samples = time_interleaved(steps, model_protocol, device)
                 rows += _level_rows("model", vs, samples, d_k, share=share, layers=desc["layers"])
     for r in rows:
+        if "traffic_bound_multiple" in r:
+            metrics[f"{r['level']}_traffic_bound_multiple_{r['label']}"] = r["traffic_bound_multiple"]
         if r["label"] != "base":
             metrics[f"{r['level']}_speedup_{r['label']}"] = r["speedup"]
             metrics[f"{r['level']}_amdahl_bound_{r['label']}"] = r["amdahl_bound"]

@@ -56,9 +56,14 @@ def format_rows(record: dict) -> str:
     head = f"bench {mode} on {record['extra']['hardware']} ({record['extra']['backend']})"
     lines = [head]
     if mode == "recurrence":
-        lines.append(f"{'level':<11}{'d_k':>5}{'ms':>10}{'speedup':>9}{'bound':>7}{'rec. share':>11}{'Amdahl':>8}")
+        lines.append(f"{'level':<11}{'d_k':>5}{'ms':>10}{'speedup':>9}{'bound':>7}{'rec. share':>11}{'Amdahl':>8}"
+                     f"{'copy ms':>9}{'x copy':>8}")
         lines += [f"{r['level']:<11}{r['d_k']:>5}{r['ms']:>10.3f}{r['speedup']:>8.2f}x{r['state_bound']:>6.1f}x"
-                  f"{r['recurrence_share']:>11.3f}{r['amdahl_bound']:>7.2f}x" for r in rows]
+                  f"{r['recurrence_share']:>11.3f}{r['amdahl_bound']:>7.2f}x"
+                  + (f"{r['copy_ms']:>9.3f}{r['traffic_bound_multiple']:>7.2f}x" if "copy_ms" in r else "")
+                  for r in rows]
+        lines.append("x copy: the recurrence step's time as a multiple of one copy of its state (read once, write "
+                     "once: the least traffic a state update makes), paired per repetition in the same run")
     elif mode == "mixer":
         lines.append(f"{'B':>4}{'d_k':>5}{'pad':>5}{'ms':>10}{'speedup':>9}{'peak MiB':>10}{'peak ratio':>11}")
         lines += [f"{r['batch']:>4}{r['d_k']:>5}{r['d_k_padded']:>5}{r['ms']:>10.2f}{r['speedup']:>8.2f}x"

@@ -1,0 +1,163 @@
+"""Claims as data: verdicts from result files, the evidence file, the README block and its staleness check."""
+
+import json
+
+import pytest
+import yaml
+
+from state_reduction import claims
+from state_reduction.claims import FAILS, HOLDS, INCONCLUSIVE, ClaimError
+from state_reduction.results import build_result, write_result
+
+# mean drrqr ppl ~ 100, l1 ~ 110, rand ~ 104 with a large spread; seeds 0-2
+PPL = {"drrqr": [100.0, 101.0, 99.5], "l1": [110.0, 111.0, 109.0], "rand": [90.0, 118.0, 104.0]}
+
+
+def _write_results(root, experiment="toy", ppl=PPL):
+    for method, values in ppl.items():
+        for seed, v in enumerate(values):
+            r = build_result("evaluate", profile="tiny", experiment=experiment,
+                             config={"method": method, "ratio": 0.5, "prune": {"seed": seed}},
+                             metrics={"wiki_ppl": v, "acc": 0.5}, model=None, data={}, seeds={"calibration": seed},
+                             wall_time_s=0.0)
+            write_result(root / "tiny" / experiment / f"{method}-{seed}.json", r)
+
+
+def _claim(cid, lhs, op, rhs, **kw):
+    side = (lambda m: {"kind": "evaluate", "where": {"method": m, "ratio": 0.5}, "metric": "wiki_ppl"})
+    return {"id": cid, "text": cid.replace("_", " "), "paper": "Table X", "lhs": side(lhs), "op": op,
+            "rhs": side(rhs) if isinstance(rhs, str) else rhs, **kw}
+
+
+@pytest.fixture
+def experiment(tmp_path, monkeypatch):
+    """An experiment folder `toy` with claims, its README, and results under tmp_path/results."""
+    exp_dir = tmp_path / "experiments" / "toy"
+    exp_dir.mkdir(parents=True)
+    monkeypatch.setattr(claims, "EXPERIMENTS_DIR", tmp_path / "experiments")
+    (exp_dir / "README.md").write_text("# toy\n\nSome prose.\n")
+    _write_results(tmp_path / "results")
+
+    def declare(*claim_list):
+        (exp_dir / "config.yaml").write_text(yaml.safe_dump({"experiment": "toy", "claims": list(claim_list)}))
+    return declare, tmp_path / "results", exp_dir
+
+
+def test_verdicts_from_results(experiment):
+    declare, root, _ = experiment
+    declare(_claim("drrqr_beats_l1", "drrqr", "<", "l1", pair_by="seed"),
+            _claim("l1_beats_drrqr", "l1", "<", "drrqr", pair_by="seed"),
+            _claim("rand_vs_drrqr", "rand", ">", "drrqr"),
+            _claim("drrqr_below_105", "drrqr", "<", 105),
+            _claim("drrqr_within_5pct_of_l1", "drrqr", "<", "l1", relative=True, margin=-0.05))
+    v = {x.claim.id: x for x in claims.evaluate_claims("toy", "tiny", root)}
+    assert v["drrqr_beats_l1"].status == HOLDS
+    assert v["drrqr_beats_l1"].diff.mean == pytest.approx(100.1666667 - 110.0)
+    assert v["l1_beats_drrqr"].status == FAILS
+    assert v["rand_vs_drrqr"].status == INCONCLUSIVE  # rand's spread covers drrqr
+    assert "contains 0" in v["rand_vs_drrqr"].reason
+    assert v["drrqr_below_105"].status == HOLDS
+    # relative difference ~ -8.9%: below -5% with every seed agreeing
+    assert v["drrqr_within_5pct_of_l1"].diff.mean == pytest.approx((100.1666667 - 110.0) / 110.0)
+    assert v["drrqr_within_5pct_of_l1"].status == HOLDS
+
+
+def test_one_seed_is_inconclusive_not_plus_minus_zero(tmp_path, monkeypatch, experiment):
+    declare, root, _ = experiment
+    single = tmp_path / "single"
+    _write_results(single, ppl={"drrqr": [100.0], "l1": [120.0]})
+    declare(_claim("drrqr_beats_l1", "drrqr", "<", "l1"))
+    (v,) = claims.evaluate_claims("toy", "tiny", single)
+    assert v.status == INCONCLUSIVE and v.reason == "one sample, no CI"
+    block = claims.render_block("toy", "tiny", [v])
+    assert "±" not in block.split("| --- |")[-1]
+
+
+def test_bad_claims_name_the_claim_file_key_and_closest_names(experiment):
+    declare, root, _ = experiment
+    declare(_claim("typo_key", "drrqr", "<", "l1") | {"pair_bye": "seed"})
+    with pytest.raises(ClaimError, match=r"config.yaml: claim 'typo_key': unknown key 'pair_bye'; did you mean 'pair_by'"):
+        claims.load_claims("toy")
+    declare(_claim("bad_op", "drrqr", "<<", "l1"))
+    with pytest.raises(ClaimError, match="op must be one of"):
+        claims.load_claims("toy")
+    declare({**_claim("no_metric", "drrqr", "<", "l1"), "lhs": {"kind": "evaluate", "where": {"method": "drrqr"},
+                                                                 "metric": "wiki_pp"}})
+    with pytest.raises(ClaimError, match=r"claim 'no_metric' .* lhs: no result matches .*no result has the metric "
+                                         r"'wiki_pp'; did you mean 'wiki_ppl'"):
+        claims.evaluate_claims("toy", "tiny", root)
+    declare(_claim("no_cell", "grad", "<", "l1"))
+    with pytest.raises(ClaimError, match=r"claim 'no_cell' .* lhs: no result matches kind=evaluate "
+                                         r"wiki_ppl\[method=grad, ratio=0.5\]; run the experiment first"):
+        claims.evaluate_claims("toy", "tiny", root)
+    declare({**_claim("no_field", "drrqr", "<", "l1"), "pair_by": "sede"})
+    with pytest.raises(ClaimError, match="no result has the field 'sede'; did you mean 'seed'"):
+        claims.evaluate_claims("toy", "tiny", root)
+    with pytest.raises(ClaimError, match="has no experiments/tyo/config.yaml; did you mean 'toy'"):
+        claims.load_claims("tyo")
+
+
+def test_write_then_check_readme_and_staleness(experiment):
+    declare, root, exp_dir = experiment
+    declare(_claim("drrqr_beats_l1", "drrqr", "<", "l1", pair_by="seed"))
+    claims.write_verdicts("toy", "tiny", root)
+    text = (exp_dir / "README.md").read_text()
+    assert text.startswith("# toy\n\nSome prose.\n") and claims.VERDICT_BEGIN in text
+    assert "**holds**" in text and "Table X" in text
+    evidence = json.loads((exp_dir / "verdicts_tiny.json").read_text())
+    assert evidence["claims"][0]["samples"]["lhs"] == [["0", 100.0], ["1", 101.0], ["2", 99.5]]
+    assert claims.check_readme("toy") == []
+    # rewriting replaces the block in place (no second block)
+    claims.write_verdicts("toy", "tiny", root)
+    assert (exp_dir / "README.md").read_text().count(claims.VERDICT_BEGIN) == 1
+    # a hand-edited verdict is stale
+    (exp_dir / "README.md").write_text(text.replace("**holds**", "**holds strongly**"))
+    assert "differs" in claims.check_readme("toy")[0]
+    # a claim edited after the evidence was written is an error naming it
+    declare(_claim("drrqr_beats_l1", "drrqr", "<=", "l1", pair_by="seed"))
+    with pytest.raises(ClaimError, match="claim 'drrqr_beats_l1' .* changed since .*verdicts_tiny.json"):
+        claims.check_readme("toy")
+
+
+def test_cli_prints_verdicts_and_one_line_errors(experiment, capsys):
+    from state_reduction.cli import main
+
+    declare, root, _ = experiment
+    declare(_claim("drrqr_beats_l1", "drrqr", "<", "l1", pair_by="seed"))
+    assert main(["verdicts", "toy", "--results-root", str(root)]) == 0
+    assert "holds  drrqr_beats_l1" in capsys.readouterr().out
+    declare(_claim("no_cell", "grad", "<", "l1"))
+    assert main(["verdicts", "toy", "--results-root", str(root)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no_cell" in err
+
+
+@pytest.mark.parametrize("experiment_name", claims.experiments_with_claims())
+def test_every_readme_verdict_block_is_current(experiment_name):
+    """The README block of every experiment with claims equals the one generated from its committed evidence."""
+    assert claims.check_readme(experiment_name, "tiny") == []
+
+
+def test_fixed_rhs_and_pairing_rows_without_the_field(experiment, tmp_path):
+    """A deterministic dense evaluation is a fixed value; the pipeline's first replicate has no seed field."""
+    declare, _, _ = experiment
+    root = tmp_path / "fixed"
+    for name, config, v in (("base", {"method": "baseline"}, 100.0),
+                            ("a0", {"method": "drrqr"}, 104.0), ("a1", {"method": "drrqr", "vary": {"seed": 1}}, 105.0),
+                            ("a2", {"method": "drrqr", "vary": {"seed": 2}}, 104.5),
+                            ("b0", {"method": "l1"}, 110.0), ("b1", {"method": "l1", "vary": {"seed": 1}}, 111.0),
+                            ("b2", {"method": "l1", "vary": {"seed": 2}}, 109.0)):
+        write_result(root / "tiny" / "toy" / f"{name}.json",
+                     build_result("evaluate", profile="tiny", experiment="toy", config=config,
+                                  metrics={"wiki_ppl": v}, model=None, data={}, seeds={}, wall_time_s=0.0))
+    side = (lambda m: {"kind": "evaluate", "where": {"method": m}, "metric": "wiki_ppl"})
+    declare({"id": "within_10pct_of_dense", "text": "t", "lhs": side("drrqr"), "op": "<", "rhs": side("baseline"),
+             "rhs_fixed": True, "relative": True, "margin": 0.10},
+            {"id": "paired", "text": "t", "lhs": side("drrqr"), "op": "<", "rhs": side("l1"), "pair_by": "seed"})
+    v = {x.claim.id: x for x in claims.evaluate_claims("toy", "tiny", root)}
+    assert v["within_10pct_of_dense"].rhs == 100.0 and v["within_10pct_of_dense"].status == HOLDS
+    assert v["within_10pct_of_dense"].diff.mean == pytest.approx(0.045)
+    assert v["paired"].diff.n == 3 and v["paired"].status == HOLDS  # pairs (default), 1, 2
+    declare({"id": "not_fixed", "text": "t", "lhs": side("drrqr"), "op": "<", "rhs": side("l1"), "rhs_fixed": True})
+    with pytest.raises(ClaimError, match="rhs_fixed, but the rhs has 3 results"):
+        claims.evaluate_claims("toy", "tiny", root)
