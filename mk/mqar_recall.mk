@@ -7,4 +7,5 @@ recall-models: setup
 
 figure-mqar: setup
 	$(VENV)/bin/state-reduction run-table figure_mqar --experiment mqar_recall --profile $(PROFILE)
+	$(VENV)/bin/state-reduction run-table mqar_seeds --experiment mqar_recall --profile $(PROFILE)
 	$(PY) paper_tables/figure_mqar.py --profile $(PROFILE)
