@@ -75,7 +75,7 @@ def test_checkpoint_loads_and_beats_unigram_by_3x(name, tokenizer, unigram_count
 
 
 RECALL_MODELS = {"deltanet_mqar": "delta_net", "gated_deltanet_mqar": "gated_deltanet", "mamba2_mqar": "mamba2",
-                 "qwen3_5_mqar": "qwen3_5_text"}
+                 "mamba2_mqar_s1": "mamba2", "mamba2_mqar_s2": "mamba2", "qwen3_5_mqar": "qwen3_5_text"}
 
 
 @pytest.mark.parametrize("name", [n for n in RECALL_MODELS if (CHECKPOINTS / n / "training_record.json").is_file()])
