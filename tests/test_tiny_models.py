@@ -38,7 +38,8 @@ def unigram_counts(tokenizer):
 
 def test_checkpoints_fit_the_size_budget():
     total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
-    assert total <= 56 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 56 MiB"  # six models of ~8.5 MiB
+    # six text models of ~8.5 MiB and four recall models (*_mqar) of ~3 MiB
+    assert total <= 68 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 68 MiB"
 
 
 def test_tokenizer_is_byte_level_bpe_of_about_8k(tokenizer):
@@ -71,3 +72,32 @@ def test_checkpoint_loads_and_beats_unigram_by_3x(name, tokenizer, unigram_count
         assert ppl == pytest.approx(reported["ppl"], rel=1e-3), (corpus, ppl, reported)
         assert uni == pytest.approx(reported["unigram_ppl"], rel=1e-6), (corpus, uni, reported)
         assert ppl <= uni / 3, f"{name} {corpus} test ppl {ppl:.1f} > unigram {uni:.1f} / 3"
+
+
+RECALL_MODELS = {"deltanet_mqar": "delta_net", "gated_deltanet_mqar": "gated_deltanet", "mamba2_mqar": "mamba2",
+                 "mamba2_mqar_s1": "mamba2", "mamba2_mqar_s2": "mamba2", "qwen3_5_mqar": "qwen3_5_text"}
+
+
+@pytest.mark.parametrize("name", [n for n in RECALL_MODELS if (CHECKPOINTS / n / "training_record.json").is_file()])
+def test_recall_checkpoint_reproduces_its_recorded_mqar_accuracy(name, tokenizer):
+    """A committed recall model (experiments/tiny_models/configs/*_mqar.yaml) loads with the stock classes at key
+    dimension 16, and its MQAR accuracy recomputed on the recorded query sets equals the training record's."""
+    from state_reduction.data.mqar import mqar_sequences
+    from state_reduction.evaluation.mqar import mqar_accuracy
+    from state_reduction.training.pretrain import MQAR_EVAL_QUERIES, MQAR_EVAL_SEED, PretrainConfig
+
+    install_cpu_backend()
+    path = CHECKPOINTS / name
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    assert model.config.model_type == RECALL_MODELS[name]
+    assert get_adapter(model).key_heads(model.config)[1] == 16
+    record = json.loads((path / "training_record.json").read_text())
+    assert record["tokenizer_sha256"] == tokenizer_hash(TINY / "tokenizer")
+    cfg = PretrainConfig(**{**record["config"], "adam_betas": tuple(record["config"]["adam_betas"])})
+    for key, entry in record["eval"]["mqar"].items():
+        n_pairs = int(key.removeprefix("pairs_"))
+        assert entry["queries"] >= MQAR_EVAL_QUERIES
+        ids, labels = mqar_sequences(-(-MQAR_EVAL_QUERIES // n_pairs), cfg.seq_len, n_pairs,
+                                     MQAR_EVAL_SEED + n_pairs, cfg.mqar_vocab())
+        correct, total = mqar_accuracy(model, ids, labels, batch_size=64)
+        assert (correct / total, total) == (pytest.approx(entry["accuracy"], abs=1e-9), entry["queries"]), key

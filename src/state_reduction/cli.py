@@ -137,7 +137,7 @@ def _cmd_evaluate(args) -> int:
         "evaluate", profile="paper" if args.suite in HUB_SUITES else "tiny", experiment=args.experiment,
         config=config, metrics=result["metrics"], model=model_entry(args.model),
         data={t: d["sha256"] for t, d in result["data"].items() if d}, wall_time_s=m["wall_time_s"],
-        extra={k: result[k] for k in ("suite", "tasks", "n_examples", "tokenizer", "lm_eval_version")}
+        extra={k: result[k] for k in ("suite", "tasks", "n_examples", "tokenizer", "lm_eval_version", "vocab") if k in result}
         | {"data_files": result["data"]})
     write_result(args.out, record)
     print(json.dumps(result["metrics"], indent=2))

@@ -442,8 +442,8 @@ class _Runner:
         return build_result("evaluate", profile=self.profile, experiment=self.spec["experiment"], config=config,
                             metrics=out["metrics"], model=model_entry(folder), data=data, seeds={},
                             wall_time_s=m["wall_time_s"],
-                            extra={k: out[k] for k in ("suite", "tasks", "n_examples", "lm_eval_version")}
-                            | {"data_files": out["data"], "device": str(device)})
+                            extra={k: out[k] for k in ("suite", "tasks", "n_examples", "lm_eval_version", "vocab")
+                                   if k in out} | {"data_files": out["data"], "device": str(device)})
 
     @staticmethod
     def _cell(config: dict) -> Cell:

@@ -74,3 +74,50 @@ def test_window_nll_matches_model_loss_and_unigram_is_proper():
     every_token_once = torch.stack([torch.zeros(64, dtype=torch.long), torch.arange(64)], dim=1).flatten()
     probs = torch.exp(-unigram_nll(counts, every_token_once, seq_len=2)[:, 0])
     assert probs.sum().item() == pytest.approx(1.0, abs=1e-9)
+
+
+MQAR = {"batch": 3, "min_pairs": 1, "max_pairs": 3, "vocab": {"n_keys": 4, "n_values": 4, "n_noise": 4, "first": 40},
+        "eval_pairs": [2]}
+
+
+def test_text_only_configs_keep_their_identity():
+    assert "mqar" not in _cfg().to_dict()
+    assert _cfg().hash() != _cfg(mqar=MQAR).hash()
+
+
+def test_mqar_mixture_resumes_bit_for_bit_and_scores_only_recalled_values(tmp_path):
+    from state_reduction.training.pretrain import mixed_mqar_loss, mqar_training_batch
+
+    cfg = _cfg(mqar=MQAR)
+    windows = torch.randint(0, 40, (24, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+    straight = build_model("mamba2", MAMBA2, seed=0)
+    train(straight, windows, cfg, tmp_path / "a")
+    interrupted = build_model("mamba2", MAMBA2, seed=0)
+    train(interrupted, windows, cfg, tmp_path / "b", stop_at=3)
+    resumed = build_model("mamba2", MAMBA2, seed=0)
+    train(resumed, windows, cfg, tmp_path / "b")
+    for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(p, q), name
+
+    # the loss equals the full model's: text CE over every next token plus CE over the queried values only
+    model = build_model("mamba2", MAMBA2, seed=1)
+    text = windows[:2]
+    loss, parts = mixed_mqar_loss(model, text, step=5, cfg=cfg)
+    ids, labels = mqar_training_batch(5, cfg)
+    with torch.no_grad():
+        expect_text = model(input_ids=text, labels=text).loss
+        expect_mqar = model(input_ids=ids, labels=labels).loss
+    assert parts["loss_text"] == pytest.approx(expect_text.item(), rel=1e-5)
+    assert parts["loss_mqar"] == pytest.approx(expect_mqar.item(), rel=1e-5)
+    assert loss.item() == pytest.approx(expect_text.item() + expect_mqar.item(), rel=1e-5)
+    weighted, _ = mixed_mqar_loss(model, text, step=5, cfg=_cfg(mqar={**MQAR, "text_weight": 0.1}))
+    assert weighted.item() == pytest.approx(0.1 * expect_text.item() + expect_mqar.item(), rel=1e-5)
+
+
+def test_unknown_mqar_keys_are_named(tmp_path):
+    import yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(dict(name="t", family="mamba2", model=MAMBA2, mqar={"batch": 2, "pairs": 3})))
+    with pytest.raises(ValueError, match=r"unknown mqar keys \['pairs'\]"):
+        PretrainConfig.from_yaml(path)

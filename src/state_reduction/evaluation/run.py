@@ -15,6 +15,8 @@ from state_reduction.errors import Error
 from state_reduction.evaluation.longctx import LENGTHS as LONGCTX_LENGTHS
 from state_reduction.evaluation.longctx import TASKS as LONGCTX_TASKS
 from state_reduction.evaluation.longctx import build_longctx_suite, check_context_length
+from state_reduction.evaluation.mqar import CELLS as MQAR_CELLS
+from state_reduction.evaluation.mqar import run_mqar_suite
 from state_reduction.evaluation.tiny_suite import build_tiny_suite, render_task_yamls
 
 
@@ -74,6 +76,11 @@ SUITE_MEANS = {
 # The context length (tokens) each long-context suite asks of the model, checked before any compute.
 SUITE_CONTEXT = {"tiny_longctx": max(LONGCTX_LENGTHS), "paper_longctx": max(PAPER_LONGCTX_LENGTHS)}
 
+# Recall (MQAR, section `evaluation.mqar`): scored directly (greedy value at each queried key), not through lm-eval.
+TINY_MQAR: dict[str, list[tuple[str, str, bool]]] = {
+    name: [("acc", f"{name}_acc", False)] for name in MQAR_CELLS}
+SUITE_CONTEXT["tiny_mqar"] = max(length for _, length in MQAR_CELLS.values())
+
 # Perplexity only (the ablations of Tables 2, 7, 14-16 report WikiText-2 perplexity): the same tasks and
 # metrics without the choice tasks, which dominate the run time.
 SUITES = {"tiny": TINY_METRICS, "paper": PAPER_METRICS,
@@ -82,7 +89,10 @@ SUITES = {"tiny": TINY_METRICS, "paper": PAPER_METRICS,
           # minutes at 1.3B width on a CPU (the rehearsal's evaluation stage)
           "tiny_choice": {t: TINY_METRICS[t] for t in ("tiny_lambada", "tiny_continuation", "tiny_next_sentence")},
           "paper_ppl": {"wikitext": PAPER_METRICS["wikitext"]},
-          "tiny_longctx": TINY_LONGCTX, "paper_longctx": PAPER_LONGCTX}
+          "tiny_longctx": TINY_LONGCTX, "paper_longctx": PAPER_LONGCTX, "tiny_mqar": TINY_MQAR}
+# Suites scored by their own function instead of lm-eval: suite -> f(model, batch_size, max_length, limit, data_dir).
+DIRECT_SUITES = {"tiny_mqar": lambda model, batch_size, max_length, limit, data_dir: run_mqar_suite(
+    model, batch_size=batch_size, max_length=max_length, limit=int(limit) if limit else None, data_dir=data_dir)}
 HUB_SUITES = ("paper", "paper_ppl", "paper_longctx")
 _OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
@@ -173,6 +183,11 @@ def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_le
         path = getattr(model, "name_or_path", None)
         check_context_length(SUITE_CONTEXT[suite], model.config, tokenizer, name=path, max_length=max_length,
                              model_dir=path if path and Path(path).is_dir() else None)
+    if suite in DIRECT_SUITES:
+        result = DIRECT_SUITES[suite](model, batch_size, max_length, limit, data_dir)
+        result["tokenizer"] = {"class": type(tokenizer).__name__, "name_or_path": getattr(tokenizer, "name_or_path", None),
+                               "vocab_size": len(tokenizer)}
+        return result
     if suite in HUB_SUITES:
         _require_hub()
         return _run(model, tokenizer, suite, table, batch_size, max_length, limit, data_dir)
