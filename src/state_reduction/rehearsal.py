@@ -68,8 +68,9 @@ def build_checkpoint(name: str, layers: int | None, out: Path, seed: int = 0) ->
     config = model_config(name, layers)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(str(TINY_MODELS_DIR / "tokenizer")).save_pretrained(out)
+    from state_reduction.checkpoints import save_model_atomic
+
+    save_model_atomic(model, AutoTokenizer.from_pretrained(str(TINY_MODELS_DIR / "tokenizer")), out, overwrite=True)
     return out
 
 

@@ -61,6 +61,14 @@ def test_suite_is_deterministic_hashed_and_large_enough(tmp_path):
         f.write(b"x")
     rebuilt = mq.build_mqar_suite(VOCAB, data_dir=tmp_path / "a")
     assert json.dumps(rebuilt, sort_keys=True) == json.dumps(a, sort_keys=True)
+    # a copied data directory reads its own files (the manifest names them relative to its folder)
+    import shutil
+
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    shutil.rmtree(tmp_path / "a")
+    copied = mq.build_mqar_suite(VOCAB, data_dir=tmp_path / "copy")
+    assert all(str(tmp_path / "copy") in c["data_file"] for c in copied["cells"].values())
+    assert {n: c["sha256"] for n, c in copied["cells"].items()} == {n: c["sha256"] for n, c in a["cells"].items()}
 
 
 @pytest.mark.parametrize("family,config", [

@@ -19,16 +19,17 @@ import hashlib
 import io
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 import torch
 
+from state_reduction.atomic import write_bytes_atomic, write_json_atomic
 from state_reduction.data import resolve_data_dir
 from state_reduction.data.mqar import IGNORE_INDEX, MQARVocab, mqar_sequences
+from state_reduction.errors import InputError
 
-BUILD_VERSION = 1
+BUILD_VERSION = 2  # 2: data files named relative to the manifest's folder
 SEED = 0
 # The recall models train at 32 tokens with 2-8 pairs; 64 tokens is twice the training length (the reach the
 # long-context protocol allows), where 12 and 16 pairs go beyond what training showed.
@@ -84,7 +85,7 @@ def build_mqar_suite(vocab: MQARVocab = MQARVocab(), data_dir=None, force: bool 
     out = suite_dir(vocab, data_dir)
     manifest_path = out / "manifest.json"
     if manifest_path.is_file() and not force:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = _resolved(json.loads(manifest_path.read_text()), out)
         if (manifest.get("build_version") == BUILD_VERSION and manifest.get("vocab") == vocab.to_dict()
                 and set(manifest.get("cells", {})) == set(CELLS)
                 and all(Path(c["data_file"]).is_file()
@@ -99,18 +100,20 @@ def build_mqar_suite(vocab: MQARVocab = MQARVocab(), data_dir=None, force: bool 
         seed = int(hashlib.sha256(f"{SEED}:{name}".encode()).hexdigest()[:15], 16)
         ids, labels = mqar_sequences(n_seq, length, n_pairs, seed, vocab)
         data = _cell_bytes(ids, labels)
-        path = out / f"{name}.pt"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        cells[name] = {"data_file": str(path.resolve()), "sha256": hashlib.sha256(data).hexdigest(),
+        path = write_bytes_atomic(out / f"{name}.pt", data)
+        cells[name] = {"data_file": path.name, "sha256": hashlib.sha256(data).hexdigest(),
                        "n_pairs": n_pairs, "length": length, "n_sequences": n_seq, "n_queries": n_seq * n_pairs}
     manifest = {"suite": "tiny_mqar", "build_version": BUILD_VERSION, "seed": SEED, "vocab": vocab.to_dict(),
                 "cells": cells}
-    tmp = manifest_path.with_name(f".manifest.json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, manifest_path)
-    return manifest
+    write_json_atomic(manifest_path, manifest)  # file names relative to its folder: a copied data dir reads its own
+    return _resolved(manifest, out)
+
+
+def _resolved(manifest: dict, out: Path) -> dict:
+    """The manifest with each cell's data file as a path in `out` (the file stores names relative to it)."""
+    cells = {n: {**c, "data_file": str((out / Path(c["data_file"]).name).resolve())}
+             for n, c in manifest.get("cells", {}).items()}
+    return {**manifest, "cells": cells}
 
 
 def run_mqar_suite(model, vocab: MQARVocab = MQARVocab(), batch_size: int = 32, max_length: int | None = None,
@@ -124,7 +127,7 @@ def run_mqar_suite(model, vocab: MQARVocab = MQARVocab(), batch_size: int = 32, 
     if max_length is not None:
         too_long = [c for c in names if CELLS[c][1] > max_length]
         if too_long:
-            raise ValueError(f"suite 'tiny_mqar': cells {too_long} exceed max_length {max_length}")
+            raise InputError(f"suite 'tiny_mqar': cells {too_long} exceed max_length {max_length}")
     t0 = time.time()
     metrics, n_examples = {}, {}
     for name in names:
