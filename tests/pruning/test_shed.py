@@ -30,21 +30,12 @@ from state_reduction.pruning.shed import (
     structure_costs,
 )
 
-VOCAB = 97
+from test_adapters import CONFIGS as ADAPTER_CONFIGS  # tests/pruning is on sys.path (no __init__.py)
+from test_adapters import VOCAB
+
 GROUP = 32
-CONFIGS = {  # tiny float64 models; fla's MLP width: 256 for hidden 64, Qwen3.5's 128
-    "deltanet": {"hidden_size": 64, "num_hidden_layers": 3, "num_heads": 4, "expand_k": 1.0, "expand_v": 1.0,
-                 "conv_size": 4, "vocab_size": VOCAB, "fuse_cross_entropy": False},
-    "gated_deltanet": {"hidden_size": 64, "num_hidden_layers": 3, "num_heads": 4, "head_dim": 16, "expand_v": 2,
-                       "conv_size": 4, "vocab_size": VOCAB, "fuse_cross_entropy": False},
-    "mamba2": {"hidden_size": 64, "num_hidden_layers": 3, "state_size": 16, "n_groups": 2, "expand": 2, "head_dim": 16,
-               "num_heads": 8, "conv_kernel": 4, "chunk_size": 8, "vocab_size": VOCAB},
-    "qwen3_5": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
-                "layer_types": ["linear_attention", "full_attention", "linear_attention"], "num_attention_heads": 2,
-                "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
-                "linear_num_value_heads": 4, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
-                "vocab_size": VOCAB},
-}
+# the adapters' tiny float64 models (fla's MLP width: 256 for hidden 64, Qwen3.5's 128), with three blocks
+CONFIGS = {family: {**config, "num_hidden_layers": 3} for family, config in ADAPTER_CONFIGS.items()}
 # Masked and reduced models run the same operations but for the narrower MLP matmuls (other summation order).
 ATOL = 1e-12
 REMOVALS = {  # per target, a removal set that touches several layers (and, for the hybrid, its attention layer)
