@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from state_reduction.errors import MissingInputError
+
 # lm-eval task -> hub dataset it reads (paper suites; evaluation.run.PAPER_METRICS / PAPER_LONGCTX)
 LM_EVAL_DATASETS = {
     "arc_easy": ("allenai/ai2_arc", "ARC-Easy"), "arc_challenge": ("allenai/ai2_arc", "ARC-Challenge"),
@@ -29,7 +31,7 @@ LM_EVAL_DATASETS = {
 RULER_HAYSTACK_URL = "https://raw.githubusercontent.com/gkamradt/LLMTest_NeedleInAHaystack/main/needlehaystack/PaulGrahamEssays"
 
 
-class OfflineError(ValueError):
+class OfflineError(MissingInputError):
     """An artefact a table needs is not in the offline cache; the message names it and how to fetch it."""
 
 

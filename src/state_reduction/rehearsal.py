@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from state_reduction.errors import InputError
 from state_reduction.provenance import REPO_ROOT, TINY_MODELS_DIR
 
 CONFIG_DIR = REPO_ROOT / "experiments" / "rehearsal" / "configs"
@@ -33,7 +34,7 @@ FLAG_OFF = 0.25  # |predicted - measured| / measured above this is flagged
 _PARTIAL: list[Path | None] = [None]  # rows so far, rewritten after every stage (a killed rehearsal keeps them)
 
 
-class RehearsalError(ValueError):
+class RehearsalError(InputError):
     """A rehearsal that cannot start; the message names the model, option or value and the accepted ones."""
 
 
