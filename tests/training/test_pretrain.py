@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from state_reduction.checkpoints import RunStateError
 from state_reduction.models import build_model
 from state_reduction.training.pretrain import PretrainConfig, batch_indices, lr_factor, train, unigram_nll, window_nll
 
@@ -57,7 +58,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
 def test_resume_refuses_a_state_from_another_config(tmp_path):
     windows = torch.randint(0, 64, (24, 16))
     train(build_model("mamba2", MAMBA2), windows, _cfg(), tmp_path, stop_at=2)
-    with pytest.raises(RuntimeError, match="another config"):
+    with pytest.raises(RunStateError, match="another config"):
         train(build_model("mamba2", MAMBA2), windows, _cfg(lr=5e-3), tmp_path)
 
 

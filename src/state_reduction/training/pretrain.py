@@ -28,6 +28,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from state_reduction.atomic import save_torch_atomic, write_json_atomic, write_text_atomic
+from state_reduction.checkpoints import load_run_state
 from state_reduction.checkpoints import save_model_atomic
 from state_reduction.errors import InputError
 from state_reduction.models import build_model, get_family
@@ -231,10 +232,8 @@ def train(model, windows: torch.Tensor, cfg: PretrainConfig, run_dir: Path, devi
     log_path = run_dir / "log.jsonl"
     step, wall_before = 0, 0.0
     if resume and state_path.exists():
-        state = torch.load(state_path, weights_only=False)
-        if state["config_hash"] != cfg.hash():
-            raise RuntimeError(f"{state_path} belongs to another config (hash {state['config_hash']} != {cfg.hash()}); "
-                               f"delete {run_dir} or pass --no-resume")
+        state = load_run_state(state_path, cfg.hash(), ("step", "model", "optimizer", "scheduler", "rng", "wall_s"),
+                               f"pretraining run {cfg.name}", hint=f"delete {run_dir} or pass --no-resume")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
