@@ -113,6 +113,15 @@ def test_mqar_mixture_resumes_bit_for_bit_and_scores_only_recalled_values(tmp_pa
     assert loss.item() == pytest.approx(expect_text.item() + expect_mqar.item(), rel=1e-5)
     weighted, _ = mixed_mqar_loss(model, text, step=5, cfg=_cfg(mqar={**MQAR, "text_weight": 0.1}))
     assert weighted.item() == pytest.approx(0.1 * expect_text.item() + expect_mqar.item(), rel=1e-5)
+    # the curriculum: MQAR alone before `text_from_step`, the weighted mixture from it on
+    curriculum = _cfg(mqar={**MQAR, "text_weight": 0.1, "text_from_step": 6})
+    before, _ = mixed_mqar_loss(model, text, step=5, cfg=curriculum)
+    assert before.item() == pytest.approx(expect_mqar.item(), rel=1e-5)
+    ids6, labels6 = mqar_training_batch(6, curriculum)
+    with torch.no_grad():
+        expect_mqar6 = model(input_ids=ids6, labels=labels6).loss
+    from_step, _ = mixed_mqar_loss(model, text, step=6, cfg=curriculum)
+    assert from_step.item() == pytest.approx(0.1 * expect_text.item() + expect_mqar6.item(), rel=1e-5)
 
 
 def test_unknown_mqar_keys_are_named(tmp_path):
