@@ -145,7 +145,7 @@ def _type_name(tp) -> str:
 def _unknown_key(source, where: str, key, valid) -> SpecError:
     close = difflib.get_close_matches(str(key), [str(v) for v in valid], n=3)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    return SpecError(f"{source}: unknown key {where}{key!r}; {hint}valid keys: {', '.join(map(str, valid))}")
+    return SpecError(f"{source}: unknown key {f'{where}{key}'!r}; {hint}valid keys: {', '.join(map(str, valid))}")
 
 
 def _convert(value, tp, source, where: str):

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from state_reduction.atomic import is_complete
 from state_reduction.pipeline.spec import (
     CONTROL,
@@ -422,8 +424,6 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
         require_hub_for(profile, f"make {table}")
     evaluate = table_evaluate(spec, table, profile)
     check_context(spec, profile, keys, evaluate=evaluate[0])
-    import torch  # lazy: plans and the CLI's start-up do not load torch
-
     torch.manual_seed(0)
     runner = Runner(spec, profile, results_root, data_dir, evaluate=evaluate)
     paths = []

@@ -8,6 +8,8 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from state_reduction.pipeline.spec import (
     CONTROL,
     Cell,
@@ -125,8 +127,6 @@ def run_task(experiment: str, name: str, profile: str = "tiny", tables=None, sta
     variants = _eval_variants(spec, profile, list(tables or spec["tables"]))
     for sfx in dict(task.evals):
         check_context(spec, profile, [task.model], evaluate=variants[sfx][0])
-    import torch  # lazy: plans and the CLI's start-up do not load torch
-
     torch.manual_seed(0)
     runner, jobs = task_jobs(experiment, name, profile, tables, stages, results_root, data_dir)
     paths = []
