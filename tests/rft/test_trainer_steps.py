@@ -28,7 +28,8 @@ def test_rft_lr_factor_is_the_warmup_cosine_of_its_own_config(steps, warmup, flo
         expected = reference(step, steps, warmup, floor)
         assert rft_trainer.lr_factor(step, cfg) == expected == warmup_cosine(step, steps, warmup, floor)
         assert pretrain_lr_factor(step, pre) == expected
-    assert rft_trainer.lr_factor(steps, cfg) == pytest.approx(floor)
+    if warmup < steps:  # the last step reaches the floor
+        assert rft_trainer.lr_factor(steps, cfg) == pytest.approx(floor)
 
 
 def test_the_steps_compose_as_run_rft(tmp_path, pruned_deltanet, dense_deltanet, small_config):
