@@ -83,13 +83,16 @@ def test_tasks_cover_exactly_the_local_sweep(tmp_path):
     assert control.stages == ("rft", "eval-post")
 
 
-@pytest.mark.parametrize("bad", [[], [0, 0], [0.5], "0"])
-def test_bad_seeds_are_refused(tmp_path, bad):
+@pytest.mark.parametrize("bad, expected", [
+    ([], "seeds must be a list of distinct ints"), ([0, 0], "seeds must be a list of distinct ints"),
+    ([0.5], r"config.yaml: profiles\.tiny\.seeds\[0\] must be int"),  # wrong types: the spec's errors
+    ("0", r"config.yaml: profiles\.tiny\.seeds must be a list of int or null")])
+def test_bad_seeds_are_refused(tmp_path, bad, expected):
     s = spec()
     s["profiles"]["tiny"]["seeds"] = bad
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(s))
-    with pytest.raises(PipelineError, match="seeds must be a list of distinct ints"):
+    with pytest.raises(PipelineError, match=expected):
         table_cells(load_experiment(str(path)), "table20", "tiny")
 
 

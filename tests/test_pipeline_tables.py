@@ -77,7 +77,7 @@ def test_paper_plan_resolves_without_the_hub_or_a_model(monkeypatch, capsys):
     def refuse(*a, **k):
         raise AssertionError("the dry run read a model")
 
-    monkeypatch.setattr(pipeline, "model_entry", refuse)
+    monkeypatch.setattr(pipeline.stages, "model_entry", refuse)
     monkeypatch.delenv("SR_CHECKPOINTS", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     plan = plan_table(None, "table9", "paper")

@@ -43,7 +43,7 @@ def test_script_lists_every_task_with_its_resources(tmp_path):
 
 def test_unknown_slurm_setting_is_named(tmp_path):
     exp = _experiment(tmp_path, slurm={"gpu": 2})
-    with pytest.raises(PipelineError, match=r"unknown slurm settings \['gpu'\].*accepted: cpus, gpus, mem"):
+    with pytest.raises(PipelineError, match=r"unknown key 'profiles\.tiny\.slurm\.gpu'; did you mean gpus\? valid keys: cpus, mem, time, gpus"):
         slurm.render_script(exp, "tiny")
 
 

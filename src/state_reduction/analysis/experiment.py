@@ -10,7 +10,8 @@ one `analyze` result per
   `overlap:` pair [a, b]          <model>-<a>-vs-<b>-r<pct>-analyze.json (appendix C.2)
 
 Each analysis is keyed by its configuration, which holds the keys of the stages it reads: a rerun does nothing,
-a changed pruning or RFT setting reruns the analyses downstream of it (results.run_sweep).
+a changed pruning or RFT setting reruns the analyses downstream of it. `analyze` is a stage kind of the pipeline's
+registry (pipeline.register_stage), run through Runner.sweep: keyed, resumed and mirrored to wandb as every stage.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from pathlib import Path
 from state_reduction.pipeline import (
     Cell,
     PipelineError,
-    _Runner,
+    Runner,
     load_experiment,
     plan_table,
     profile_spec,
+    register_stage,
     run_table,
     table_cells,
 )
-from state_reduction.results import build_result, config_key, run_sweep
+from state_reduction.results import build_result, config_key
 
 EXPERIMENT = "rank_analysis"
 REDUCE_STAGES = ("prune", "rft")
@@ -53,7 +55,7 @@ def analysis_name(model: str, method: str | None = None, ratio: float = 0.0, rft
     return f"{model}-{pair}-r{round(ratio * 100)}" + ("-rft" if rft else "") + "-analyze"
 
 
-def analysis_jobs(runner: _Runner, spec: dict, table: str, profile: str) -> list[tuple[str, dict]]:
+def analysis_jobs(runner: Runner, spec: dict, table: str, profile: str) -> list[tuple[str, dict]]:
     """(result name, configuration) of every analysis `table` reads."""
     keys, cells, rft_states = table_cells(spec, table, profile)
     settings = profile_spec(spec, profile).get("analyze")
@@ -61,10 +63,7 @@ def analysis_jobs(runner: _Runner, spec: dict, table: str, profile: str) -> list
         raise PipelineError(f"experiment {spec['experiment']!r} profile {profile!r} has no `analyze:` settings")
 
     def base(model: str, method: str | None, ratio: float) -> dict:
-        d = runner.dense(model)
-        return {"experiment": spec["experiment"], "stage": "analyze", "model": model,
-                "model_path": runner.p["models"][model]["path"], "dense_weights_sha256": d["weights_sha256"],
-                "method": method, "ratio": ratio, **settings}
+        return {**runner.base_config(model, "analyze", method, ratio), **settings}
 
     jobs = [(analysis_name(k), {**base(k, None, 0.0), "rft": False}) for k in keys]
     for cell in cells:
@@ -83,7 +82,9 @@ def analysis_jobs(runner: _Runner, spec: dict, table: str, profile: str) -> list
     return jobs
 
 
-def _run_one(runner: _Runner, name: str, config: dict) -> dict:
+@register_stage("analyze")
+def run_analysis(runner: Runner, name: str, config: dict) -> dict:
+    """State-rank analysis of a dense, pruned or post-RFT model (analysis.analyze)."""
     from state_reduction.analysis.analyze import AnalyzeConfig, analyze
 
     model = runner.dense(config["model"])["path"]
@@ -116,8 +117,8 @@ def run_analyses(table: str, profile: str = "tiny", experiment: str = EXPERIMENT
     spec = load_experiment(experiment)
     run_table(experiment, table, profile, results_root=results_root, data_dir=data_dir, stages=REDUCE_STAGES)
     torch.manual_seed(0)
-    runner = _Runner(spec, profile, results_root, data_dir)
-    return run_sweep(analysis_jobs(runner, spec, table, profile), lambda n, c: _run_one(runner, n, c), runner.out)
+    runner = Runner(spec, profile, results_root, data_dir)
+    return runner.sweep(analysis_jobs(runner, spec, table, profile), "analyze")
 
 
 def plan_analyses(table: str, profile: str = "tiny", experiment: str = EXPERIMENT, results_root=None) -> dict:
@@ -125,6 +126,6 @@ def plan_analyses(table: str, profile: str = "tiny", experiment: str = EXPERIMEN
     analyses."""
     spec = load_experiment(experiment)
     plan = plan_table(experiment, table, profile, results_root=results_root, stages=REDUCE_STAGES)
-    runner = _Runner(spec, profile, results_root, dry_run=True)
+    runner = Runner(spec, profile, results_root, dry_run=True)
     plan["stages"]["analyze"] = analysis_jobs(runner, spec, table, profile)
     return plan

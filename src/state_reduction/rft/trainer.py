@@ -17,15 +17,31 @@ import random
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from state_reduction.atomic import (
+    check_output,
+    remove_stale,
+    save_torch_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
+from state_reduction.backend import install_cpu_backend
+from state_reduction.checkpoints import load_config, load_tokenizer, save_model_atomic
+from state_reduction.devices import checkpoint_dtype, compute_dtype
+from state_reduction.pruning.adapters import get_adapter
+from state_reduction.results import build_result, model_entry, write_result
 from state_reduction.rft.config import RFTConfig, RFTError, config_diff
 from state_reduction.rft.targets import extra_trainable, resolve_lora_targets
+from state_reduction.training.pretrain import batch_indices
+from state_reduction.training.schedule import warmup_cosine
 
 STATE_FILE = "checkpoints/state.pt"
 RESULT_FILE = "rft_result.json"
@@ -404,13 +420,63 @@ def run_rft(cfg: RFTConfig, *, stop_after: int | None = None) -> dict:
         ctx.close()
 
 
-def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
-    from state_reduction.atomic import check_output, remove_stale, write_text_atomic
-    from state_reduction.backend import install_cpu_backend
-    from state_reduction.checkpoints import load_tokenizer
-    from state_reduction.results import build_result, model_entry, write_result
-    from state_reduction.training.pretrain import batch_indices, lr_factor
+def lr_factor(step: int, cfg: RFTConfig) -> float:
+    """The learning-rate multiplier of `step`: linear warm-up, then cosine to `min_lr_ratio` (training.schedule)."""
+    return warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
 
+
+@dataclass
+class _Run:
+    """What the steps of one RFT run share: set up by _setup, restored or started by _resume, advanced by _loop and
+    saved by _save_merge."""
+
+    out: Path
+    t_start: float
+    local_batch: int
+    micro: int
+    tokenizer: Any
+    saved_dtype: torch.dtype
+    windows: torch.Tensor  # [N, seq_len], the finetune stream's windows
+    data: dict
+    student: nn.Module  # the pruned model as loaded (its config names the family)
+    teacher: nn.Module | None
+    key_heads: list
+    lora_targets: list[str]
+    model: nn.Module  # the student with LoRA (peft), trained
+    n_trainable: int
+    n_lora: int
+    state_path: Path
+    wrapped: nn.Module | None = None  # `model` as the forward sees it (DDP) or `model` itself
+    named: list = field(default_factory=list)  # sorted (name, parameter) pairs of the trainable parameters
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+    step: int = 0
+    wall_before: float = 0.0  # the training loops of earlier attempts
+    history: list[dict] = field(default_factory=list)
+    ppl_before: dict = field(default_factory=dict)
+    eval_s: float = 0.0
+    last_saved: int | None = None
+    train_s: float = 0.0
+
+
+def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
+    run = _setup(cfg, ctx)
+    if isinstance(run, dict):  # the finished result of the same config
+        return run
+    _resume(cfg, ctx, run)
+    logger = _Logger(cfg, run.out, ctx, run.step)
+    try:
+        stopped = _loop(cfg, ctx, run, logger, stop_after)
+        if stopped is not None:
+            return stopped
+        return _save_merge(cfg, ctx, run, logger)
+    finally:
+        logger.close()
+
+
+def _setup(cfg: RFTConfig, ctx: DistContext) -> _Run | dict:
+    """The run folder, batch split, tokenizer, fine-tuning windows, student (with LoRA) and teacher; or the
+    finished record when the same config has already run to the end (resume)."""
     t_start = time.time()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -430,9 +496,6 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
         raise RFTError(f"micro_batch_size {micro} does not divide the per-process batch {local_batch}")
 
     install_cpu_backend()
-    from state_reduction.checkpoints import load_config
-    from state_reduction.devices import checkpoint_dtype, compute_dtype
-
     tokenizer = load_tokenizer(cfg.student, "student")
     saved_dtype = checkpoint_dtype(load_config(cfg.student, "student"))
     windows, data = finetune_windows(tokenizer, cfg)  # an unreachable corpus fails before any model loads
@@ -442,8 +505,6 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
         teacher = load_causal_lm(cfg.teacher, "teacher", dtype=compute_dtype(ctx.device))  # frozen: its own dtype
         check_pair(student, teacher, cfg.student, cfg.teacher)
         teacher.requires_grad_(False).eval()
-    from state_reduction.pruning.adapters import get_adapter
-
     key_heads = get_adapter(student).key_heads(student.config)
 
     lora_targets = resolve_lora_targets(student, cfg.lora_targets)
@@ -452,179 +513,193 @@ def _run(cfg: RFTConfig, ctx: DistContext, stop_after: int | None) -> dict:
     model.train()
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_lora = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and "lora_" in n)
+    return _Run(out=out, t_start=t_start, local_batch=local_batch, micro=micro, tokenizer=tokenizer,
+                saved_dtype=saved_dtype, windows=windows, data=data, student=student, teacher=teacher,
+                key_heads=list(key_heads), lora_targets=lora_targets, model=model, n_trainable=n_trainable,
+                n_lora=n_lora, state_path=out / STATE_FILE)
 
-    ppl_before = {}
-    state_path = out / STATE_FILE
+
+def _resume(cfg: RFTConfig, ctx: DistContext, run: _Run) -> None:
+    """Continue the run's checkpoint (resume) or start at step 0: the trainable parameters, the held-out
+    perplexities before training, the model placed on the device (DDP, FSDP), the optimizer and scheduler, and
+    for a checkpoint their states, every process's RNG, the step, the history and the log up to that step."""
     state = None
-    if cfg.resume and state_path.exists():
-        state = load_state(state_path)
+    if cfg.resume and run.state_path.exists():
+        state = load_state(run.state_path)
         if state["config_hash"] != cfg.hash():
             diff = config_diff(state["config"], cfg.identity())
-            raise RFTError(f"{state_path} was written by another RFT config (hash {state['config_hash']} != "
+            raise RFTError(f"{run.state_path} was written by another RFT config (hash {state['config_hash']} != "
                            f"{cfg.hash()}); differing keys: " + "; ".join(diff) + ". Use another --out or --overwrite")
-        load_trainable_state(model, state["trainable"])
-    eval_s = 0.0
+        load_trainable_state(run.model, state["trainable"])
     if cfg.eval_corpora and ctx.main:
         t_eval = time.time()
-        ppl_before = state["ppl_before"] if state is not None else heldout_ppl(model, tokenizer, cfg.eval_corpora,
-                                                                               cfg.eval_seq_len)
-        eval_s += time.time() - t_eval
+        run.ppl_before = state["ppl_before"] if state is not None else heldout_ppl(
+            run.model, run.tokenizer, cfg.eval_corpora, cfg.eval_seq_len)
+        run.eval_s += time.time() - t_eval
 
-    model.to(ctx.device)
-    if teacher is not None:
-        teacher.to(ctx.device)
-    named = sorted((n, p) for n, p in model.named_parameters() if p.requires_grad)
-    wrapped = model
+    _place(cfg, ctx, run)
+    if state is not None:
+        _load_optimizer_state(run.model, run.optimizer, state["optimizer"], ctx)
+        run.scheduler.load_state_dict(state["scheduler"])
+        rngs = state["rng"]
+        _set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.world else rngs[0])
+        run.step, run.wall_before, run.history = state["step"], state["wall_s"], list(state["history"])
+        run.last_saved = state["step"]
+        log = run.out / LOG_FILE
+        if ctx.main and log.exists():  # drop lines the interrupted attempt logged after the checkpoint
+            kept = [ln for ln in log.read_text().splitlines() if json.loads(ln)["step"] <= run.step]
+            write_text_atomic(log, "".join(ln + "\n" for ln in kept))
+    elif ctx.main:
+        (run.out / LOG_FILE).unlink(missing_ok=True)
+    ctx.barrier()
+
+
+def _place(cfg: RFTConfig, ctx: DistContext, run: _Run) -> None:
+    """Student and teacher on the device, wrapped for DDP or sharded for FSDP; AdamW (no decay on vectors) with
+    the warm-up/cosine schedule (lr_factor)."""
+    run.model.to(ctx.device)
+    if run.teacher is not None:
+        run.teacher.to(ctx.device)
+    run.named = sorted((n, p) for n, p in run.model.named_parameters() if p.requires_grad)
+    run.wrapped = run.model
     if ctx.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        wrapped = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        run.wrapped = DDP(run.model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
     elif ctx.mode == "fsdp":
-        shard_fsdp(model, ctx)
-        if teacher is not None:
-            shard_fsdp(teacher, ctx)
-        named = sorted((n, p) for n, p in model.named_parameters() if p.requires_grad)
-    decay = [p for n, p in named if p.dim() >= 2]
-    no_decay = [p for n, p in named if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
+        shard_fsdp(run.model, ctx)
+        if run.teacher is not None:
+            shard_fsdp(run.teacher, ctx)
+        run.named = sorted((n, p) for n, p in run.model.named_parameters() if p.requires_grad)
+    decay = [p for n, p in run.named if p.dim() >= 2]
+    no_decay = [p for n, p in run.named if p.dim() < 2]
+    run.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                       {"params": no_decay, "weight_decay": 0.0}],
+                                      lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps)
+    run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda s: lr_factor(s, cfg))
 
-    step, wall_before, history = 0, 0.0, []
-    if state is not None:
-        _load_optimizer_state(model, optimizer, state["optimizer"], ctx)
-        scheduler.load_state_dict(state["scheduler"])
-        rngs = state["rng"]
-        _set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.world else rngs[0])
-        step, wall_before, history = state["step"], state["wall_s"], list(state["history"])
-        if ctx.main and (out / LOG_FILE).exists():  # drop lines the interrupted attempt logged after the checkpoint
-            kept = [ln for ln in (out / LOG_FILE).read_text().splitlines() if json.loads(ln)["step"] <= step]
-            write_text_atomic(out / LOG_FILE, "".join(ln + "\n" for ln in kept))
-    elif ctx.main:
-        (out / LOG_FILE).unlink(missing_ok=True)
+
+def _checkpoint(cfg: RFTConfig, ctx: DistContext, run: _Run, t_loop: float) -> None:
+    """The state after `run.step` steps, written atomically by the main process (every process takes part)."""
+    trainable = trainable_state(run.model)
+    opt_state = _optimizer_state(run.model, run.optimizer, ctx)
+    rngs = ctx.gather_object(_rng_state())
+    if ctx.main:
+        save_torch_atomic(run.state_path, {
+            "config_hash": cfg.hash(), "config": cfg.identity(), "step": run.step, "trainable": trainable,
+            "optimizer": opt_state, "scheduler": run.scheduler.state_dict(), "rng": rngs,
+            "data_position": {"step": run.step, "seed": cfg.seed, "n_windows": int(run.windows.shape[0])},
+            "history": run.history, "ppl_before": run.ppl_before,
+            "wall_s": run.wall_before + time.time() - t_loop})
+    run.last_saved = run.step
     ctx.barrier()
+
+
+def _loop(cfg: RFTConfig, ctx: DistContext, run: _Run, logger: _Logger, stop_after: int | None) -> dict | None:
+    """Train from `run.step` to `cfg.steps`, checkpointing every `save_every` steps and at the end. Returns
+    {"stopped_at": step} when `stop_after` steps of this call ended it early, else None."""
 
     def autocast():  # bf16 on CUDA (fla's chunk kernels refuse fp32 there); fp32 on CPU
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=ctx.device.type == "cuda")
 
-    logger = _Logger(cfg, out, ctx, step)
-    last_saved = state["step"] if state is not None else None
     t_loop, steps_here = time.time(), 0
+    local_batch, micro, teacher = run.local_batch, run.micro, run.teacher
+    while run.step < cfg.steps:
+        if stop_after is not None and steps_here >= stop_after:
+            return {"stopped_at": run.step}
+        t_step = time.time()
+        idx = batch_indices(run.step, run.windows.shape[0], cfg.batch_size, cfg.seed)
+        local = run.windows[idx[ctx.rank * local_batch:(ctx.rank + 1) * local_batch]]  # [b, T]
+        sums = torch.zeros(3, dtype=torch.float64)
+        n_micro = local_batch // micro
+        for i in range(n_micro):
+            x = local[i * micro:(i + 1) * micro].to(ctx.device)
+            sync = ctx.mode != "ddp" or i == n_micro - 1
+            with (nullcontext() if sync else run.wrapped.no_sync()), autocast():
+                t_logits = None
+                if teacher is not None:
+                    with torch.no_grad():
+                        t_logits = teacher(input_ids=x).logits
+                s_logits = run.wrapped(input_ids=x).logits
+                loss, ce, kl = distillation_loss(s_logits, t_logits, x, cfg.kd_temperature, cfg.kd_weight)
+                (loss / n_micro).backward()
+            sums += torch.tensor([loss.item(), ce.item(), kl.item()], dtype=torch.float64) / n_micro
+        loss_v, ce_v, kl_v = ctx.mean(sums.tolist())
+        if not math.isfinite(loss_v):
+            where = f"step {run.last_saved} in {run.state_path}" if run.last_saved is not None else "none was written"
+            raise RFTError(f"non-finite loss ({loss_v}) at step {run.step + 1} of {cfg.student}; stopped without "
+                           f"saving; last good checkpoint: {where}. Lower lr (now {cfg.lr}) or check the data")
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in run.named], cfg.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        run.step += 1
+        steps_here += 1
+        dt = time.time() - t_step
+        rec = {"step": run.step, "loss": loss_v, "ce": ce_v, "kl": kl_v, "grad_norm": float(grad_norm),
+               "lr": run.scheduler.get_last_lr()[0], "tokens_per_s": cfg.batch_size * cfg.seq_len / max(dt, 1e-9)}
+        run.history.append(rec)
+        logger.step(rec)
+        if run.step % cfg.save_every == 0 or run.step == cfg.steps:
+            _checkpoint(cfg, ctx, run, t_loop)
+    run.train_s = time.time() - t_loop
+    return None
 
-    def save(step_now: int) -> None:
-        nonlocal last_saved
-        trainable = trainable_state(model)
-        opt_state = _optimizer_state(model, optimizer, ctx)
-        rngs = ctx.gather_object(_rng_state())
-        if ctx.main:
-            from state_reduction.atomic import save_torch_atomic
 
-            save_torch_atomic(state_path, {
-                "config_hash": cfg.hash(), "config": cfg.identity(), "step": step_now, "trainable": trainable,
-                "optimizer": opt_state, "scheduler": scheduler.state_dict(), "rng": rngs,
-                "data_position": {"step": step_now, "seed": cfg.seed, "n_windows": int(windows.shape[0])},
-                "history": history, "ppl_before": ppl_before,
-                "wall_s": wall_before + time.time() - t_loop})
-        last_saved = step_now
-        ctx.barrier()
+def _save_merge(cfg: RFTConfig, ctx: DistContext, run: _Run, logger: _Logger) -> dict:
+    """Merge LoRA into the student (in place; a fresh CPU student under FSDP), measure held-out perplexity after,
+    save the merged model in the checkpoint's dtype and write the result record."""
+    final_state = trainable_state(run.model)
+    metrics = _metrics(run.history, cfg, run.wall_before + run.train_s)
+    model_dir = run.out / MODEL_DIR
+    run.teacher = None  # free the teacher before the merge: no third model copy
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
+    if ctx.main:
+        if ctx.mode == "fsdp":  # the sharded model cannot merge in place: a fresh CPU student takes the state
+            merged = merged_model(cfg.student, cfg, final_state)
+        else:
+            merged = run.model.merge_and_unload()  # in place, on the trained student
+        merged.eval()
+        for corpus, ppl in run.ppl_before.items():
+            metrics[f"{corpus}_ppl_before"] = ppl
+        if cfg.eval_corpora:
+            t_eval = time.time()
+            for corpus, ppl in heldout_ppl(merged, run.tokenizer, cfg.eval_corpora, cfg.eval_seq_len).items():
+                metrics[f"{corpus}_ppl_after"] = ppl
+            run.eval_s += time.time() - t_eval
 
-    try:
-        while step < cfg.steps:
-            if stop_after is not None and steps_here >= stop_after:
-                return {"stopped_at": step}
-            t_step = time.time()
-            idx = batch_indices(step, windows.shape[0], cfg.batch_size, cfg.seed)
-            local = windows[idx[ctx.rank * local_batch:(ctx.rank + 1) * local_batch]]  # [b, T]
-            sums = torch.zeros(3, dtype=torch.float64)
-            n_micro = local_batch // micro
-            for i in range(n_micro):
-                x = local[i * micro:(i + 1) * micro].to(ctx.device)
-                sync = ctx.mode != "ddp" or i == n_micro - 1
-                with (nullcontext() if sync else wrapped.no_sync()), autocast():
-                    t_logits = None
-                    if teacher is not None:
-                        with torch.no_grad():
-                            t_logits = teacher(input_ids=x).logits
-                    s_logits = wrapped(input_ids=x).logits
-                    loss, ce, kl = distillation_loss(s_logits, t_logits, x, cfg.kd_temperature, cfg.kd_weight)
-                    (loss / n_micro).backward()
-                sums += torch.tensor([loss.item(), ce.item(), kl.item()], dtype=torch.float64) / n_micro
-            loss_v, ce_v, kl_v = ctx.mean(sums.tolist())
-            if not math.isfinite(loss_v):
-                where = f"step {last_saved} in {state_path}" if last_saved is not None else "none was written"
-                raise RFTError(f"non-finite loss ({loss_v}) at step {step + 1} of {cfg.student}; stopped without "
-                               f"saving; last good checkpoint: {where}. Lower lr (now {cfg.lr}) or check the data")
-            grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.grad_clip)
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            steps_here += 1
-            dt = time.time() - t_step
-            rec = {"step": step, "loss": loss_v, "ce": ce_v, "kl": kl_v, "grad_norm": float(grad_norm),
-                   "lr": scheduler.get_last_lr()[0], "tokens_per_s": cfg.batch_size * cfg.seq_len / max(dt, 1e-9)}
-            history.append(rec)
-            logger.step(rec)
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                save(step)
-        train_s = time.time() - t_loop
+        def write_extra(folder: Path) -> None:
+            write_json_atomic(folder / "rft_config.json", cfg.to_dict())
 
-        final_state = trainable_state(model)
-        metrics = _metrics(history, cfg, wall_before + train_s)
-        model_dir = out / MODEL_DIR
-        teacher = t_logits = s_logits = loss = None  # free the teacher before the merge: no third model copy
-        if ctx.device.type == "cuda":
-            torch.cuda.empty_cache()
-        if ctx.main:
-            from state_reduction.checkpoints import save_model_atomic
-
-            if ctx.mode == "fsdp":  # the sharded model cannot merge in place: a fresh CPU student takes the state
-                merged = merged_model(cfg.student, cfg, final_state)
-            else:
-                merged = model.merge_and_unload()  # in place, on the trained student
-            merged.eval()
-            for corpus, ppl in ppl_before.items():
-                metrics[f"{corpus}_ppl_before"] = ppl
-            if cfg.eval_corpora:
-                t_eval = time.time()
-                for corpus, ppl in heldout_ppl(merged, tokenizer, cfg.eval_corpora, cfg.eval_seq_len).items():
-                    metrics[f"{corpus}_ppl_after"] = ppl
-                eval_s += time.time() - t_eval
-            def write_extra(folder: Path) -> None:
-                from state_reduction.atomic import write_json_atomic
-
-                write_json_atomic(folder / "rft_config.json", cfg.to_dict())
-
-            save_model_atomic(merged.to(saved_dtype), tokenizer, model_dir, overwrite=True, write_extra=write_extra)
-        ctx.barrier()
-        # load, data, training (earlier attempts' loops included), merge and save; held-out evaluation excluded
-        metrics["wall_time_s"] = wall_before + time.time() - t_start - eval_s
-        metrics["train_time_s"] = wall_before + train_s
-        metrics["eval_time_s"] = eval_s
-        logger.summary(metrics)
-        record = None
-        if ctx.main:
-            record = build_result(
-                "rft", profile=cfg.profile, experiment=cfg.experiment, config=cfg.to_dict(), metrics=metrics,
-                model=model_entry(model_dir), data=data, seeds={"rft": cfg.seed},
-                wall_time_s=wall_before + time.time() - t_start,
-                extra={"config_hash": cfg.hash(), "student": model_entry(cfg.student),
-                       "teacher": model_entry(cfg.teacher) if cfg.teacher else None,
-                       "model_type": student.config.model_type, "key_heads": list(key_heads),
-                       "lora_targets": lora_targets,
-                       "trainable_parameters": n_trainable, "lora_parameters": n_lora, "world_size": ctx.world,
-                       "distributed": ctx.mode, "device": str(ctx.device), "wandb_dir": logger.wandb_dir,
-                       "master_dtype": "float32", "saved_dtype": str(saved_dtype),
-                       "micro_batch_size": micro,
-                       "log": LOG_FILE, "checkpoint": STATE_FILE})
-            write_result(out / RESULT_FILE, record)
-        record = ctx.gather_object(record)[0] if ctx.enabled else record
-        return record
-    finally:
-        logger.close()
+        save_model_atomic(merged.to(run.saved_dtype), run.tokenizer, model_dir, overwrite=True,
+                          write_extra=write_extra)
+    ctx.barrier()
+    # load, data, training (earlier attempts' loops included), merge and save; held-out evaluation excluded
+    metrics["wall_time_s"] = run.wall_before + time.time() - run.t_start - run.eval_s
+    metrics["train_time_s"] = run.wall_before + run.train_s
+    metrics["eval_time_s"] = run.eval_s
+    logger.summary(metrics)
+    record = None
+    if ctx.main:
+        record = build_result(
+            "rft", profile=cfg.profile, experiment=cfg.experiment, config=cfg.to_dict(), metrics=metrics,
+            model=model_entry(model_dir), data=run.data, seeds={"rft": cfg.seed},
+            wall_time_s=run.wall_before + time.time() - run.t_start,
+            extra={"config_hash": cfg.hash(), "student": model_entry(cfg.student),
+                   "teacher": model_entry(cfg.teacher) if cfg.teacher else None,
+                   "model_type": run.student.config.model_type, "key_heads": run.key_heads,
+                   "lora_targets": run.lora_targets,
+                   "trainable_parameters": run.n_trainable, "lora_parameters": run.n_lora, "world_size": ctx.world,
+                   "distributed": ctx.mode, "device": str(ctx.device), "wandb_dir": logger.wandb_dir,
+                   "master_dtype": "float32", "saved_dtype": str(run.saved_dtype),
+                   "micro_batch_size": run.micro,
+                   "log": LOG_FILE, "checkpoint": STATE_FILE})
+        write_result(run.out / RESULT_FILE, record)
+    record = ctx.gather_object(record)[0] if ctx.enabled else record
+    return record
 
 
 def _metrics(history: list[dict], cfg: RFTConfig, train_s: float) -> dict:

@@ -36,6 +36,7 @@ from state_reduction.checkpoints import save_model_atomic
 from state_reduction.errors import InputError
 from state_reduction.models import build_model, get_family
 from state_reduction.provenance import collect_provenance
+from state_reduction.training.schedule import warmup_cosine
 
 EVAL_CORPORA = ("ptb", "wiki")
 
@@ -110,11 +111,8 @@ def _check_mqar_section(path, section: dict) -> None:
 
 
 def lr_factor(step: int, cfg: PretrainConfig) -> float:
-    """Linear warm-up, then cosine from 1 to `min_lr_ratio` at the last step."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    """Linear warm-up, then cosine from 1 to `min_lr_ratio` at the last step (training.schedule)."""
+    return warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
 
 
 def build_training_windows(tokenizer, cfg: PretrainConfig, data_dir=None) -> tuple[torch.Tensor, dict]:

@@ -1,0 +1,174 @@
+"""The pipeline package (issue 14 part 4): the typed experiment spec and its errors, the stage registry, and the
+invariant of the split: planned result names, config keys and Slurm task lists equal those recorded with the
+single-module pipeline before it (tests/fixtures/pipeline_plans.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from state_reduction import cli
+from state_reduction.errors import Error
+from state_reduction.pipeline import (
+    STAGE_REGISTRY,
+    ExperimentSpec,
+    PipelineError,
+    SpecError,
+    get_stage,
+    load_experiment,
+    load_spec,
+    plan_table,
+    plan_tasks,
+    register_stage,
+)
+from state_reduction.results import config_key
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "pipeline_plans.json"
+PIPELINE_CONFIGS = sorted(p.parent.name for p in (ROOT / "experiments").glob("*/config.yaml")
+                          if {"experiment", "methods", "profiles", "tables"} <= set(yaml.safe_load(p.read_text())))
+
+
+def snapshot() -> dict:
+    """What the fixture records: per table and profile the planned (result name, config key) pairs of each stage;
+    per profile deltanet_gdn's tasks (name, stages, result names, evaluations) and its generated sbatch script."""
+    from state_reduction.slurm import render_script
+
+    out = {"plans": {}, "tasks": {}, "scripts": {}}
+    for table in ("table20", "table3", "table13", "table16"):
+        for profile in ("tiny", "paper"):
+            plan = plan_table(None, table, profile)
+            out["plans"][f"{table}/{profile}"] = {
+                stage: [[name, config_key(cfg)] for name, cfg in jobs] for stage, jobs in plan["stages"].items()}
+    for profile in ("tiny", "paper"):
+        out["tasks"][profile] = [[t.name, list(t.stages), t.result_names, [list(e) for e in t.evals]]
+                                 for t in plan_tasks("deltanet_gdn", profile)]
+        out["scripts"][profile] = render_script("deltanet_gdn", profile)
+    return out
+
+
+def test_plans_keys_and_slurm_tasks_are_those_of_the_single_module_pipeline(monkeypatch):
+    monkeypatch.delenv("SR_CHECKPOINTS", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    before, now = json.loads(FIXTURE.read_text()), snapshot()
+    assert sum(len(jobs) for plan in before["plans"].values() for jobs in plan.values()) > 300
+    assert now["plans"].keys() == before["plans"].keys()
+    for table, plan in before["plans"].items():
+        assert now["plans"][table] == plan, table
+    assert now["tasks"] == before["tasks"] and now["scripts"] == before["scripts"]
+
+
+@pytest.mark.parametrize("name", PIPELINE_CONFIGS)
+def test_every_experiment_config_validates(name):
+    spec = load_spec(name)
+    assert isinstance(spec, ExperimentSpec) and spec.experiment == name
+    assert spec.source == Path("experiments") / name / "config.yaml"
+    assert load_experiment(name) == yaml.safe_load((ROOT / "experiments" / name / "config.yaml").read_text())
+    for profile in spec.profiles.values():
+        assert profile.prune.n_calib > 0 and profile.evaluate.suite
+
+
+def test_the_typed_spec_reads_the_settings():
+    spec = load_spec("deltanet_gdn")
+    tiny = spec.profiles["tiny"]
+    raw = spec.raw["profiles"]["tiny"]
+    assert tiny.prune.calib == raw["prune"]["calib"] and tiny.prune.seed == raw["prune"]["seed"]
+    assert tiny.models["deltanet"].stands_for == raw["models"]["deltanet"]["stands_for"]
+    assert spec.tables["table20"].rft == [False, True]
+
+
+def _write(tmp_path, edit, name="deltanet_gdn") -> Path:
+    spec = yaml.safe_load((ROOT / "experiments" / name / "config.yaml").read_text())
+    edit(spec)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_a_typo_in_a_key_names_the_file_the_key_and_the_closest_names(tmp_path):
+    def typo(spec):
+        spec["profiles"]["tiny"]["prune"]["n_calb"] = spec["profiles"]["tiny"]["prune"].pop("n_calib")
+
+    path = _write(tmp_path, typo)
+    with pytest.raises(SpecError) as e:
+        load_experiment(str(path))
+    msg = str(e.value)
+    assert isinstance(e.value, Error) and isinstance(e.value, PipelineError)
+    assert str(path) in msg and "unknown key 'profiles.tiny.prune.n_calb'" in msg
+    assert "did you mean n_calib" in msg
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda s: s.update(tabels=s.pop("tables")), r"unknown key 'tabels'; did you mean tables"),
+    (lambda s: s["tables"]["table20"].update(ratio=[0.5]), r"unknown key 'tables\.table20\.ratio'; did you mean ratios"),
+    (lambda s: s["profiles"]["tiny"]["evaluate"].update(suit="tiny"), r"'profiles\.tiny\.evaluate\.suit'; did you mean suite"),
+    (lambda s: s["profiles"]["tiny"]["rft"].update(stesp=3), r"'profiles\.tiny\.rft\.stesp'; did you mean steps"),
+    (lambda s: s["profiles"]["tiny"]["models"]["deltanet"].update(stand_for=["x"]), r"did you mean stands_for"),
+    (lambda s: s["profiles"]["tiny"]["prune"].update(n_calib="128"), r"profiles\.tiny\.prune\.n_calib must be int, got str '128'"),
+    (lambda s: s["profiles"]["tiny"]["rft"].update(steps=2.5), r"profiles\.tiny\.rft\.steps must be int, got float"),
+    (lambda s: s["tables"]["table20"].update(rft="yes"), r"tables\.table20\.rft must be a list of bool"),
+    (lambda s: s["tables"]["table20"].update(ratios=[0.5, "half"]), r"tables\.table20\.ratios\[1\] must be float"),
+    (lambda s: s["profiles"]["tiny"]["prune"].pop("seed"), r"missing 'seed' in profiles\.tiny\.prune"),
+    (lambda s: s.pop("methods"), r"missing 'methods'"),
+    (lambda s: s["tables"]["table20"].update(methods=["l1", "l2"]), r"tables\.table20\.methods lists \['l2'\]"),
+])
+def test_bad_keys_and_types_are_named(tmp_path, edit, expected):
+    path = _write(tmp_path, edit)
+    with pytest.raises(SpecError, match=expected) as e:
+        load_experiment(str(path))
+    assert str(path) in str(e.value)
+
+
+def test_a_typo_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys):
+    path = _write(tmp_path, lambda s: s["tables"]["table20"].update(contrl=True))
+    assert cli.main(["run-table", "table20", "--experiment", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(path) in err and "'tables.table20.contrl'" in err and "did you mean control" in err
+
+
+def test_a_tables_render_layout_is_an_opaque_mapping(tmp_path):
+    layout = {"rows": [{"model": "DeltaNet 1.3B"}], "columns": ["wiki_ppl"], "anything": {"nested": [1, 2]}}
+    path = _write(tmp_path, lambda s: s["tables"]["table20"].update(render=layout))
+    assert load_spec(str(path)).tables["table20"].render == layout
+    bad = _write(tmp_path, lambda s: s["tables"]["table20"].update(render=["rows"]))
+    with pytest.raises(SpecError, match=r"tables\.table20\.render must be a mapping"):
+        load_experiment(str(bad))
+
+
+def test_an_unknown_experiment_names_the_closest():
+    with pytest.raises(PipelineError, match=r"'deltanet_gd'.*did you mean deltanet_gdn"):
+        load_experiment("deltanet_gd")
+
+
+def test_the_stage_registry_holds_the_pipelines_stages_and_analysis_registers_its_own():
+    import state_reduction.analysis.experiment as experiment
+
+    assert {"prune", "shed", "rft", "evaluate"} <= set(STAGE_REGISTRY)
+    assert get_stage("analyze").run is experiment.run_analysis
+    with pytest.raises(PipelineError, match=r"no stage 'evalute'; did you mean evaluate"):
+        get_stage("evalute")
+    with pytest.raises(PipelineError, match=r"stage 'prune' is registered twice"):
+        register_stage("prune")(lambda runner, name, config: {})
+
+
+def test_analyses_are_mirrored_to_wandb_as_every_stage(tmp_path, monkeypatch):
+    """analysis.experiment used to run its sweep beside the runner (a copy of _Runner._base, no wandb mirror)."""
+    from state_reduction import tracking
+    from state_reduction.analysis.experiment import run_analyses
+
+    mirrored = []
+    monkeypatch.setattr(tracking, "mirror_result", lambda path, record, **kw: mirrored.append(Path(path).name))
+    spec = yaml.safe_load((ROOT / "experiments" / "rank_analysis" / "config.yaml").read_text())
+    spec["methods"] = ["l1"]
+    spec["profiles"]["tiny"]["prune"].update(n_calib=2, seq_len=64)
+    spec["profiles"]["tiny"]["analyze"].update(n_calib=2, seq_len=64, stride=16, batch_size=2)
+    spec["tables"] = {"table6": {"models": ["DeltaNet 370M"], "ratios": [0.75], "rft": [False]}}
+    path = tmp_path / "rank.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    paths = run_analyses("table6", "tiny", str(path), results_root=tmp_path / "results")
+    assert [p.name for p in paths] == ["deltanet-dense-analyze.json", "deltanet-l1-r75-analyze.json"]
+    assert mirrored == ["deltanet-l1-r75-prune.json"] + [p.name for p in paths]
