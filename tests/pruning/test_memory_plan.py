@@ -62,7 +62,7 @@ def test_cli_defaults_are_the_paper_profiles_calibration(capsys):
     out = capsys.readouterr().out
     assert "8.95B parameters" in out and "streamed_grad" in out and "architecture source" in out
     assert main(["memory-plan", "qwen3_5-7b"]) == 2
-    assert "neither a known architecture (codestral-7b, qwen3_5-9b, gdn-1.3b, dn-1.3b)" in capsys.readouterr().err
+    assert "neither a known architecture (codestral-7b, qwen3_5-9b, dn-1.3b, gdn-1.3b)" in capsys.readouterr().err
 
 
 def test_heap_peak_sees_a_known_allocation():

@@ -1,5 +1,6 @@
 """Config variants of the model families whose last MLPs are RaLiMP linearizations (state_reduction.ralimp), so a
-linearized checkpoint reloads with AutoModelForCausalLM (the way models/shared_conv.py registers its variant).
+linearized checkpoint reloads with AutoModelForCausalLM (the registry, models/families, derives one variant per family
+with gated MLPs and registers it).
 
 `ralimp_layers` lists the replaced decoder layers; `ralimp` holds the linearization's construction options
 (method, budget, rank and the method's own options). The variant model builds placeholder linearizations of the

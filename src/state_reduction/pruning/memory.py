@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import json
+
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from state_reduction.errors import MissingInputError
 from state_reduction.models.families import architectures, speed_presets
+from state_reduction.models.families import build_config as family_config
 
 GIB = 1024**3
 # Grad: autograd keeps per block more than the block's Linear outputs where the q/k gradient flows (the chunked
@@ -42,7 +44,6 @@ def build_config(name_or_path: str):
     from transformers import AutoConfig
 
     import state_reduction  # noqa: F401  (Auto-class registration)
-    from state_reduction.models.families import build_config as family_config
 
     if name_or_path in ARCHITECTURES:
         arch = ARCHITECTURES[name_or_path]
