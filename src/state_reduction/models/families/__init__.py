@@ -40,8 +40,8 @@ def _derived(family: ModelFamily) -> list[ModelFamily]:
     RaLiMP variant trains its replaced MLPs outside the mixers (LoRA extra_scope "model")."""
     out = []
     common = {"base": family.name, "flame": False, "check_config": None, "presets": {}, "architectures": (),
-              "tiny_checkpoints": (), "recall_checkpoints": (), "wrapper_model_types": (), "shed": False, "ralimp": False,
-              "register": None}
+              "tiny_checkpoints": (), "recall_checkpoints": (), "wrapper_model_types": (), "shed": False,
+              "ralimp": False, "register": None}
     if family.shed:
         config_cls, model_cls = make_shed_variant(family.config_class, family.model_class,
                                                   family.model_type + SHED_SUFFIX)
@@ -54,8 +54,8 @@ def _derived(family: ModelFamily) -> list[ModelFamily]:
         lora = dataclasses.replace(family.lora, extra_scope="model")
         out.append(dataclasses.replace(family, **common, name=family.name + RALIMP_SUFFIX, variant="ralimp",
                                        model_type=config_cls.model_type, config_class=config_cls,
-                                       model_class=model_cls, adapter=ralimp_variant(family.adapter, config_cls.model_type),
-                                       lora=lora))
+                                       model_class=model_cls, lora=lora,
+                                       adapter=ralimp_variant(family.adapter, config_cls.model_type)))
     return out
 
 
