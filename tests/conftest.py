@@ -25,7 +25,7 @@ def make_tiny_checkpoint(folder, seed: int = 0, trained_at: int = 64):
     import shutil
     from pathlib import Path
 
-    from state_reduction.models.registry import build_model
+    from state_reduction.models import build_model
     from state_reduction.provenance import TINY_CHECKPOINTS
 
     folder = Path(folder)

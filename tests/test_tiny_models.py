@@ -13,6 +13,7 @@ import state_reduction  # noqa: F401  (registers the families)
 from state_reduction.backend import install_cpu_backend
 from state_reduction.data import get_corpus_info
 from state_reduction.data.sampler import stream_tokens
+from state_reduction.models.families import FAMILIES
 from state_reduction.pruning.adapters import get_adapter
 from state_reduction.tokenizer import tokenizer_hash
 from state_reduction.training.pretrain import EVAL_CORPORA, pretrain_unigram_counts, unigram_nll, window_nll
@@ -20,9 +21,9 @@ from state_reduction.training.pretrain import EVAL_CORPORA, pretrain_unigram_cou
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "experiments" / "tiny_models"
 CHECKPOINTS = TINY / "checkpoints"
-FAMILIES = {"deltanet": "delta_net", "gated_deltanet": "gated_deltanet", "mamba2": "mamba2", "qwen3_5": "qwen3_5_text",
-            "deltanet_shared_head": "delta_net_shared_conv",
-            "deltanet_shared_all": "delta_net_shared_conv"}
+# committed checkpoint -> the model_type of its family (ModelFamily.tiny_checkpoints / recall_checkpoints)
+TEXT_MODELS = {name: f.model_type for f in FAMILIES.values() for name in f.tiny_checkpoints}
+RECALL_MODELS = {name: f.model_type for f in FAMILIES.values() for name in f.recall_checkpoints}
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +50,20 @@ def test_tokenizer_is_byte_level_bpe_of_about_8k(tokenizer):
     assert tokenizer.eos_token_id is not None and tokenizer.pad_token_id is not None
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_committed_checkpoint_belongs_to_a_family():
+    committed = {p.name for p in CHECKPOINTS.iterdir() if (p / "config.json").is_file()}
+    assert committed - set(TEXT_MODELS) - set(RECALL_MODELS) == set()
+    assert set(TEXT_MODELS) <= committed, "every family names a committed text checkpoint"
+
+
+@pytest.mark.parametrize("name", list(TEXT_MODELS))
 def test_checkpoint_loads_and_beats_unigram_by_3x(name, tokenizer, unigram_counts):
     install_cpu_backend()
     path = CHECKPOINTS / name
     model = AutoModelForCausalLM.from_pretrained(str(path))
-    assert model.config.model_type == FAMILIES[name]
-    if name == "mamba2":
-        assert type(model).__module__.startswith("transformers."), "mamba2 must load as transformers' class"
+    assert model.config.model_type == TEXT_MODELS[name]
+    family = FAMILIES[next(f for f in FAMILIES if name in FAMILIES[f].tiny_checkpoints)]
+    assert type(model) is family.model_class, "mamba2 must load as transformers' class, not fla's"
     assert get_adapter(model).key_heads(model.config)[1] == 64
     record = json.loads((path / "training_record.json").read_text())
     assert record["tokenizer_sha256"] == tokenizer_hash(TINY / "tokenizer") == tokenizer_hash(path)
@@ -72,10 +79,6 @@ def test_checkpoint_loads_and_beats_unigram_by_3x(name, tokenizer, unigram_count
         assert ppl == pytest.approx(reported["ppl"], rel=1e-3), (corpus, ppl, reported)
         assert uni == pytest.approx(reported["unigram_ppl"], rel=1e-6), (corpus, uni, reported)
         assert ppl <= uni / 3, f"{name} {corpus} test ppl {ppl:.1f} > unigram {uni:.1f} / 3"
-
-
-RECALL_MODELS = {"deltanet_mqar": "delta_net", "gated_deltanet_mqar": "gated_deltanet", "mamba2_mqar": "mamba2",
-                 "mamba2_mqar_s1": "mamba2", "mamba2_mqar_s2": "mamba2", "qwen3_5_mqar": "qwen3_5_text"}
 
 
 @pytest.mark.parametrize("name", [n for n in RECALL_MODELS if (CHECKPOINTS / n / "training_record.json").is_file()])

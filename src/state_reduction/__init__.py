@@ -7,6 +7,6 @@ pieces is installed explicitly with `state_reduction.backend.install_cpu_backend
 
 __version__ = "0.1.0"
 
-from state_reduction.models.registry import register_auto_classes as _register_auto_classes
+from state_reduction.models.families import register_auto_classes as _register_auto_classes
 
 _register_auto_classes()

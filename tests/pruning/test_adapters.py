@@ -11,6 +11,7 @@ before the kernel and q multiplied by sqrt(K/K')); without that the outputs diff
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from pathlib import Path
 
@@ -20,45 +21,30 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import state_reduction  # noqa: F401  (registers the families)
 from state_reduction.models import build_model
-from state_reduction.pruning.adapters import ADAPTERS, get_adapter
+from state_reduction.models.families import FAMILIES as REGISTRY
+from state_reduction.models.families import MODEL_TYPES, KernelRoute
+from state_reduction.models.shared_conv import SharedShortConvolution
+from state_reduction.pruning.adapters import get_adapter
+from state_reduction.pruning.adapters.base import FusedQKAdapter
 from state_reduction.pruning.adapters.gated_deltanet import expand_v_for
 from state_reduction.pruning.surgery import reduce_model, save_reduced
 from state_reduction.pruning.types import KeyChannelSelection
 
 CHECKPOINTS = Path(__file__).resolve().parents[2] / "experiments" / "tiny_models" / "checkpoints"
 VOCAB = 97
-CONFIGS = {
-    "deltanet": {"hidden_size": 64, "num_hidden_layers": 2, "num_heads": 4, "expand_k": 1.0, "expand_v": 1.0,
-                 "conv_size": 4, "vocab_size": VOCAB, "fuse_cross_entropy": False},
-    "gated_deltanet": {"hidden_size": 64, "num_hidden_layers": 2, "num_heads": 4, "head_dim": 16, "expand_v": 2,
-                       "conv_size": 4, "vocab_size": VOCAB, "fuse_cross_entropy": False},
-    "mamba2": {"hidden_size": 64, "num_hidden_layers": 2, "state_size": 16, "n_groups": 2, "expand": 2, "head_dim": 16,
-               "num_heads": 8, "conv_kernel": 4, "chunk_size": 8, "vocab_size": VOCAB},
-    "qwen3_5": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
-                "layer_types": ["linear_attention", "full_attention", "linear_attention"], "num_attention_heads": 2,
-                "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
-                "linear_num_value_heads": 4, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
-                "vocab_size": VOCAB},
-}
-FAMILIES = list(CONFIGS)
-DELTA_FAMILIES = ["deltanet", "gated_deltanet", "qwen3_5"]
-# where each family's delta-rule kernels are looked up at call time
-KERNELS = {
-    "deltanet": ("fla.layers.delta_net", ("chunk_delta_rule", "fused_recurrent_delta_rule")),
-    "gated_deltanet": ("fla.layers.gated_deltanet", ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")),
-    "qwen3_5": ("transformers.models.qwen3_5.modeling_qwen3_5",
-                ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")),
-}
-CACHE_KWARG = {"deltanet": "past_key_values", "gated_deltanet": "past_key_values", "mamba2": "cache", "qwen3_5": "cache"}
+FAMILIES = list(REGISTRY)  # every stock family, with its tiny test configuration (ModelFamily.test_config)
+# families whose kernel L2-normalises q/k, reached through a kernel route (the others compute their scan inline)
+DELTA_FAMILIES = [name for name, f in REGISTRY.items() if isinstance(f.state_capture, KernelRoute)]
 # Qwen3.5's torch kernels and transformers' Mamba-2 scan compute in float32 even for float64 inputs
-ATOL = {"deltanet": 1e-10, "gated_deltanet": 1e-10, "mamba2": 1e-5, "qwen3_5": 1e-5}
+ATOL = {name: 1e-10 if f.exact_float64 else 1e-5 for name, f in REGISTRY.items()}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny(family: str, seed: int = 0, **overrides):
-    return build_model(family, {**CONFIGS[family], **overrides}, seed=seed, dtype=torch.float64).eval()
+    config = {**REGISTRY[family].test_config, "vocab_size": VOCAB, **overrides}
+    return build_model(family, config, seed=seed, dtype=torch.float64).eval()
 
 
 def tokens(seed: int = 0, length: int = 20) -> torch.Tensor:
@@ -87,9 +73,9 @@ def selection_matrix(keep: torch.Tensor, channels: int) -> torch.Tensor:
 
 def wrap_kernels(monkeypatch, family: str, transform) -> None:
     """Replace the family's delta-rule kernels by `transform(q, k, kwargs) -> (q, k)` followed by the kernel."""
-    module_name, names = KERNELS[family]
-    module = __import__(module_name, fromlist=["_"])
-    for name in names:
+    route = REGISTRY[family].state_capture
+    module = __import__(route.module, fromlist=["_"])
+    for name in route.kernels:
         original = getattr(module, name)
 
         @functools.wraps(original)
@@ -108,16 +94,16 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def conv_channels(model, mixer, keep_mask: torch.Tensor) -> tuple[torch.Tensor, list[torch.nn.Module]]:
-    """Conv channel indices of the removed q/k (C/B) channels, and the conv modules they index."""
+    """Conv channel indices of the removed q/k (C/B) channels, and the conv modules they index (a conv whose
+    filters are shared with kept channels is not listed: zero projection rows already give zero conv outputs)."""
     removed = (~keep_mask).flatten().nonzero().flatten()  # in [H*K]
-    family_type = model.config.model_type
-    if family_type in ("delta_net", "gated_deltanet"):
-        return removed, [mixer.q_conv1d, mixer.k_conv1d]
-    if family_type == "mamba2":
-        gn = mixer.n_groups * mixer.ssm_state_size
-        offset = mixer.intermediate_size
-        return torch.cat([offset + removed, offset + gn + removed]), [mixer.conv1d]
-    return torch.cat([removed, mixer.key_dim + removed]), [mixer.conv1d]
+    adapter = get_adapter(model)
+    if isinstance(adapter, FusedQKAdapter):
+        sizes = adapter.conv_segments(mixer)
+        offsets = [sum(sizes[:i]) for i in (adapter.q_conv_segment, adapter.k_conv_segment)]
+        return torch.cat([o + removed for o in offsets]), [getattr(mixer, adapter.conv)]
+    convs = [getattr(mixer, name) for name in (adapter.layout.q_conv, adapter.layout.k_conv)]
+    return removed, [c for c in convs if not isinstance(c, SharedShortConvolution)]
 
 
 @torch.no_grad()
@@ -233,6 +219,11 @@ def test_dense_rotation_is_exact_with_shared_conv_filters_and_no_activation():
     torch.testing.assert_close(logits(model, ids), dense, atol=1e-10, rtol=0)
 
 
+def cache_kwarg(model) -> str:
+    """fla models take the cache as `past_key_values`, transformers' Mamba-2 and Qwen3.5 as `cache`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 # 4. cached decode ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -246,7 +237,7 @@ def test_cached_decode_of_pruned_model_equals_full_forward(family):
         out = model(ids[:, :8], use_cache=True)
         steps = [out.logits]
         for t in range(8, ids.shape[1]):
-            out = model(ids[:, t : t + 1], use_cache=True, **{CACHE_KWARG[family]: out.cache})
+            out = model(ids[:, t : t + 1], use_cache=True, **{cache_kwarg(model): out.cache})
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL[family], rtol=0)
 
@@ -262,7 +253,7 @@ def test_hooks_deliver_the_kernel_inputs_and_the_projection_input(family, monkey
     handles = []
     for ref in adapter.mixers(model):
         handles += adapter.add_hooks(ref.module, on_qk=lambda q, k: hooked.append((q, k)), on_input=inputs.append)
-    if family == "mamba2":
+    if family not in DELTA_FAMILIES:  # Mamba-2: the scan is inline; its chunk scan sees C, B
         import transformers.models.mamba2.modeling_mamba2 as mamba2
 
         original = mamba2.mamba2_chunk_scan
@@ -313,7 +304,7 @@ def test_state_bytes_count_the_recurrent_state():
 @pytest.mark.parametrize("ratio", [0.5, 0.75])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_reduced_checkpoint_saves_and_reloads_exactly(family, ratio, tmp_path):
-    path = CHECKPOINTS / family
+    path = CHECKPOINTS / REGISTRY[family].tiny_checkpoints[0]
     model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     adapter = get_adapter(model)
@@ -343,7 +334,10 @@ def test_unknown_model_type_lists_supported_ones():
     stock = {"delta_net", "delta_net_shared_conv", "gated_deltanet", "mamba2", "qwen3_5_text"}
     shed = {f"{t}_shed" for t in stock - {"delta_net_shared_conv"}}  # structures removed (models/shed.py)
     ralimp = {"delta_net_ralimp", "gated_deltanet_ralimp", "qwen3_5_text_ralimp"}  # linearized MLPs
-    assert set(ADAPTERS) == stock | shed | ralimp
+    assert set(MODEL_TYPES) == stock | shed | ralimp
+    for model_type, family in MODEL_TYPES.items():
+        assert get_adapter(SimpleNamespace(model_type=model_type, **{f: 1 for f in family.adapter.required_fields})) \
+            is family.adapter
 
 
 def test_save_refuses_an_existing_directory(tmp_path):
@@ -377,7 +371,7 @@ def test_bad_selections_are_rejected_naming_the_layer(family):
             keep=random_keep(heads, channels, 4 + layer))))
 
 
-@pytest.mark.parametrize("family", ["mamba2", "qwen3_5"])
+@pytest.mark.parametrize("family", [n for n, f in REGISTRY.items() if isinstance(f.adapter, FusedQKAdapter)])
 def test_recomputing_hooks_refuse_to_continue_a_cache(family):
     model, ids = tiny(family), tokens(length=6)
     adapter = get_adapter(model)
@@ -415,7 +409,8 @@ def _qwen3_5_vl_config():
 
     vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
               "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2}
-    return Qwen3_5Config(text_config={**CONFIGS["qwen3_5"], "model_type": "qwen3_5_text"}, vision_config=vision)
+    return Qwen3_5Config(text_config={**REGISTRY["qwen3_5"].test_config, "model_type": "qwen3_5_text"},
+                         vision_config=vision)
 
 
 def test_a_vision_language_wrapper_names_the_text_model_and_how_to_get_it():
@@ -424,7 +419,7 @@ def test_a_vision_language_wrapper_names_the_text_model_and_how_to_get_it():
     with pytest.raises(KeyError, match=r"'qwen3_5' is a wrapper .* 'qwen3_5_text' text model in config.text_config: "
                                        r"extract it with transformers.AutoModelForCausalLM.from_pretrained"):
         get_adapter(config)
-    assert get_adapter(config.text_config) is ADAPTERS["qwen3_5_text"]
+    assert get_adapter(config.text_config) is REGISTRY["qwen3_5"].adapter
 
 
 def test_a_config_lacking_the_adapters_fields_names_them_and_the_expected_model_type():
@@ -451,3 +446,19 @@ def test_prune_refuses_a_vision_language_checkpoint_before_loading_it(tmp_path, 
     err = capsys.readouterr().err
     assert "'qwen3_5' is a wrapper" in err and "save_pretrained(text_dir)" in err
     assert not (tmp_path / "o").exists()
+
+
+FUSED_HOOKS = ("mixer_heads", "proj_segments", "conv_segments", "set_key_dim")
+
+
+@pytest.mark.parametrize("missing", FUSED_HOOKS)
+def test_a_fused_adapter_missing_a_hook_cannot_be_instantiated(missing):
+    """A forgotten override fails at construction, naming the adapter and the hook (not a silent None later)."""
+    from state_reduction.pruning.adapters.mamba2 import Mamba2Adapter
+
+    methods = ("mixers", "key_heads", "update_config", "state_bytes_per_sequence") + FUSED_HOOKS
+    namespace = {name: getattr(Mamba2Adapter, name) for name in methods if name != missing}
+    forgetful = type("ForgetfulAdapter", (FusedQKAdapter,), namespace)
+    with pytest.raises(TypeError, match=f"ForgetfulAdapter.*{missing}"):
+        forgetful()
+    type("CompleteAdapter", (FusedQKAdapter,), {name: getattr(Mamba2Adapter, name) for name in methods})()

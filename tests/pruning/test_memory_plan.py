@@ -62,7 +62,7 @@ def test_cli_defaults_are_the_paper_profiles_calibration(capsys):
     out = capsys.readouterr().out
     assert "8.95B parameters" in out and "streamed_grad" in out and "architecture source" in out
     assert main(["memory-plan", "qwen3_5-7b"]) == 2
-    assert "neither a known architecture (codestral-7b, qwen3_5-9b, gdn-1.3b, dn-1.3b)" in capsys.readouterr().err
+    assert "neither a known architecture (codestral-7b, qwen3_5-9b, dn-1.3b, gdn-1.3b)" in capsys.readouterr().err
 
 
 def test_heap_peak_sees_a_known_allocation():
@@ -132,7 +132,7 @@ def test_grad_plan_of_a_full_width_block_is_within_25_percent_of_the_measured_he
     """Issue 22: the plan underestimated Grad (3.1 vs 9.0 MiB/token at 1.3B). One DeltaNet block at the 1.3B
     width, fp32, 1 x 256 tokens: the per-block increment (two blocks minus one) planned vs measured."""
     from state_reduction.backend import install_cpu_backend
-    from state_reduction.models.registry import build_model
+    from state_reduction.models import build_model
     from state_reduction.pruning.adapters import get_adapter
     from state_reduction.pruning.calibration import calibrate
     from state_reduction.pruning.memory import HeapPeak, build_config, plan

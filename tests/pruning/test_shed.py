@@ -30,12 +30,13 @@ from state_reduction.pruning.shed import (
     structure_costs,
 )
 
-from test_adapters import CONFIGS as ADAPTER_CONFIGS  # tests/pruning is on sys.path (no __init__.py)
-from test_adapters import VOCAB
+from state_reduction.models.families import FAMILIES
 
 GROUP = 32
-# the adapters' tiny float64 models (fla's MLP width: 256 for hidden 64, Qwen3.5's 128), with three blocks
-CONFIGS = {family: {**config, "num_hidden_layers": 3} for family, config in ADAPTER_CONFIGS.items()}
+VOCAB = 97
+# the families' tiny float64 test models (fla's MLP width: 256 for hidden 64, Qwen3.5's 128), with three blocks,
+# for every family with a structure-removal variant
+CONFIGS = {name: {**f.test_config, "vocab_size": VOCAB, "num_hidden_layers": 3} for name, f in FAMILIES.items() if f.shed}
 # Masked and reduced models run the same operations but for the narrower MLP matmuls (other summation order).
 ATOL = 1e-12
 REMOVALS = {  # per target, a removal set that touches several layers (and, for the hybrid, its attention layer)
@@ -44,7 +45,7 @@ REMOVALS = {  # per target, a removal set that touches several layers (and, for 
     "mlp": ["mlp:0", "mlp:2"],
     "mlp-channels": ["mlp-channels:0:0", "mlp-channels:0:2", "mlp-channels:2:1"],
 }
-CASES = [(f, t) for f in CONFIGS for t in REMOVALS if not (f == "mamba2" and t.startswith("mlp"))]
+CASES = [(f, t) for f in CONFIGS for t in REMOVALS if not (FAMILIES[f].adapter.structure.mlp is None and t.startswith("mlp"))]
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from state_reduction.models.registry import build_config
+from state_reduction.models import build_config
 from state_reduction.pruning.selectors import keep_count
 from state_reduction.speed import (
     largest_batch,

@@ -65,7 +65,8 @@ class AnalyzeConfig:
 
 def recurrent_adapter(model_or_config, name: str):
     """The key-channel adapter, or an error naming the model type when the model has no recurrent layers."""
-    from state_reduction.pruning.adapters import ADAPTERS, get_adapter
+    from state_reduction.models.families import MODEL_TYPES
+    from state_reduction.pruning.adapters import get_adapter
 
     try:
         return get_adapter(model_or_config)
@@ -73,7 +74,7 @@ def recurrent_adapter(model_or_config, name: str):
         config = getattr(model_or_config, "config", model_or_config)
         raise InputError(
             f"analyze: {name} is a {getattr(config, 'model_type', None)!r} model without reducible recurrent "
-            f"(linear-attention / SSM) layers; analyze supports {', '.join(ADAPTERS)}") from None
+            f"(linear-attention / SSM) layers; analyze supports {', '.join(MODEL_TYPES)}") from None
 
 
 def state_statistics(model, adapter, windows: torch.Tensor, stride: int = 16, divisor: str = "dk",

@@ -1,5 +1,15 @@
-"""Model families the project supports and their Auto-class registration."""
+"""Model families the project supports (one module each in `families`), their registry and Auto-class registration."""
 
-from state_reduction.models.registry import FAMILIES, ModelFamily, build_config, build_model, get_family, register_auto_classes
+from state_reduction.models.families import (
+    FAMILIES,
+    ModelFamily,
+    build_config,
+    build_model,
+    family_for,
+    get_family,
+    register_auto_classes,
+    register_family,
+)
 
-__all__ = ["FAMILIES", "ModelFamily", "build_config", "build_model", "get_family", "register_auto_classes"]
+__all__ = ["FAMILIES", "ModelFamily", "build_config", "build_model", "family_for", "get_family",
+           "register_auto_classes", "register_family"]

@@ -1,5 +1,6 @@
 """Config variants of the model families whose last MLPs are RaLiMP linearizations (state_reduction.ralimp), so a
-linearized checkpoint reloads with AutoModelForCausalLM (the way models/shared_conv.py registers its variant).
+linearized checkpoint reloads with AutoModelForCausalLM (the registry, models/families, derives one variant per family
+with gated MLPs and registers it).
 
 `ralimp_layers` lists the replaced decoder layers; `ralimp` holds the linearization's construction options
 (method, budget, rank and the method's own options). The variant model builds placeholder linearizations of the
@@ -9,15 +10,11 @@ from_pretrained then overwrites every parameter and buffer (projections, coeffic
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
-    from fla.models import DeltaNetConfig, DeltaNetForCausalLM, GatedDeltaNetConfig, GatedDeltaNetForCausalLM
-from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from state_reduction.errors import UnknownNameError
 
+RALIMP_SUFFIX = "_ralimp"
 PLACEHOLDER_T = torch.linspace(-3.0, 3.0, 64, dtype=torch.float64)
 
 
@@ -40,7 +37,10 @@ def install_placeholders(model, layers: list[int], spec: dict) -> None:
                                                           calib_t=PLACEHOLDER_T, seed=i, **spec))
 
 
-def _variant(base_config, base_model, model_type: str):
+def make_ralimp_variant(base_config: type, base_model: type, model_type: str) -> tuple[type, type]:
+    """The config and causal-LM classes of `model_type` (`<stock>_ralimp`); the registry
+    (`state_reduction.models.families`) derives one per family with gated MLPs."""
+
     class Config(base_config):
         def __init__(self, ralimp_layers=(), ralimp=None, **kwargs):
             self.ralimp_layers = [int(i) for i in ralimp_layers]
@@ -48,7 +48,7 @@ def _variant(base_config, base_model, model_type: str):
             super().__init__(**kwargs)
 
     Config.model_type = model_type
-    Config.base_model_type = base_config.model_type   # the family: teacher pairing, adapters, RFT targets
+    Config.base_model_type = base_config.model_type   # the family: teacher pairing
     Config.__name__ = Config.__qualname__ = f"RaLiMP{base_config.__name__}"
 
     class Model(base_model):
@@ -62,26 +62,16 @@ def _variant(base_config, base_model, model_type: str):
     return Config, Model
 
 
-# base model_type -> (variant config, variant model)
-VARIANTS = {
-    "delta_net": _variant(DeltaNetConfig, DeltaNetForCausalLM, "delta_net_ralimp"),
-    "gated_deltanet": _variant(GatedDeltaNetConfig, GatedDeltaNetForCausalLM, "gated_deltanet_ralimp"),
-    "qwen3_5_text": _variant(Qwen3_5TextConfig, Qwen3_5ForCausalLM, "qwen3_5_text_ralimp"),
-}
+def variant_of(model_type: str) -> tuple[type, type]:
+    """(config class, model class) of the linearized variant of a stock model_type."""
+    from state_reduction.models.families import MODEL_TYPES  # the registry imports this module
 
-
-def variant_of(model_type: str):
-    if model_type not in VARIANTS:
-        raise ValueError(f"ralimp: no linearized variant of model_type {model_type!r}; accepted: {', '.join(VARIANTS)}")
-    return VARIANTS[model_type]
-
-
-def register_ralimp_auto_classes() -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    for config_cls, model_cls in VARIANTS.values():
-        AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
-        AutoModelForCausalLM.register(config_cls, model_cls, exist_ok=True)
+    variant = MODEL_TYPES.get(model_type + RALIMP_SUFFIX)
+    if variant is None or MODEL_TYPES[model_type].variant is not None:  # a variant of a variant
+        stock = [f.model_type.removesuffix(RALIMP_SUFFIX) for f in MODEL_TYPES.values() if f.variant == "ralimp"]
+        raise UnknownNameError(f"ralimp: no linearized variant of model_type {model_type!r}; accepted: "
+                               f"{', '.join(stock)}")
+    return variant.config_class, variant.model_class
 
 
 def to_variant(model, layers: list[int], spec: dict):

@@ -114,9 +114,3 @@ class SharedConvDeltaNetForCausalLM(DeltaNetForCausalLM):
             return
         super()._init_weights(module, *args, **kwargs)
 
-
-def register_shared_conv_auto_classes() -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    AutoConfig.register(SharedConvDeltaNetConfig.model_type, SharedConvDeltaNetConfig, exist_ok=True)
-    AutoModelForCausalLM.register(SharedConvDeltaNetConfig, SharedConvDeltaNetForCausalLM, exist_ok=True)

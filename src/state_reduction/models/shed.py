@@ -17,14 +17,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from state_reduction.errors import UnknownNameError
+
 SHED_SUFFIX = "_shed"
-# stock model_type -> (config class, causal-LM class), as "module:Class"
-STOCK_CLASSES = {
-    "delta_net": ("fla.models:DeltaNetConfig", "fla.models:DeltaNetForCausalLM"),
-    "gated_deltanet": ("fla.models:GatedDeltaNetConfig", "fla.models:GatedDeltaNetForCausalLM"),
-    "mamba2": ("transformers:Mamba2Config", "transformers:Mamba2ForCausalLM"),
-    "qwen3_5_text": ("transformers:Qwen3_5TextConfig", "transformers:Qwen3_5ForCausalLM"),
-}
 
 
 class ZeroMixer(nn.Module):
@@ -53,11 +48,6 @@ class ZeroMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return torch.zeros_like(x)
-
-
-def _load(path: str) -> type:
-    module, _, attr = path.partition(":")
-    return getattr(__import__(module, fromlist=[attr]), attr)
 
 
 def resize_mlp(mlp: nn.Module, layout, keep: torch.Tensor | None = None, size: int | None = None) -> None:
@@ -103,9 +93,9 @@ def apply_recorded_structure(model: nn.Module, config) -> None:
             resize_mlp(mlp, layout, size=size)
 
 
-def _make_variant(stock_type: str) -> tuple[type, type]:
-    config_path, model_path = STOCK_CLASSES[stock_type]
-    base_config, base_model = _load(config_path), _load(model_path)
+def make_shed_variant(base_config: type, base_model: type, model_type: str) -> tuple[type, type]:
+    """The config and causal-LM classes of `model_type` (`<stock>_shed`): the stock classes with the shed_* fields
+    (the registry, `state_reduction.models.families`, derives one per family)."""
 
     def config_init(self, shed_removed_mixers=None, shed_removed_mlps=None, shed_mlp_sizes=None, **kwargs):
         self.shed_removed_mixers = list(shed_removed_mixers or [])
@@ -114,7 +104,7 @@ def _make_variant(stock_type: str) -> tuple[type, type]:
         base_config.__init__(self, **kwargs)
 
     config_cls = type(f"Shed{base_config.__name__}", (base_config,), {
-        "model_type": stock_type + SHED_SUFFIX, "__module__": __name__, "__init__": config_init,
+        "model_type": model_type, "__module__": __name__, "__init__": config_init,
         "__doc__": f"{base_config.__name__} with removed mixers/MLPs and per-layer MLP widths (shed_* fields)."})
 
     def __init__(self, config):
@@ -127,24 +117,16 @@ def _make_variant(stock_type: str) -> tuple[type, type]:
     return config_cls, model_cls
 
 
-VARIANTS: dict[str, tuple[type, type]] = {}  # stock model_type -> (config class, model class)
+def variant_classes(model_type: str) -> tuple[type, type]:
+    """(config class, model class) of the structure-removal variant of a stock or `_shed` model_type."""
+    from state_reduction.models.families import MODEL_TYPES, family_for  # the registry imports this module
 
-
-def variant_classes(stock_type: str) -> tuple[type, type]:
-    if stock_type.endswith(SHED_SUFFIX):
-        stock_type = stock_type[: -len(SHED_SUFFIX)]
-    if stock_type not in STOCK_CLASSES:
-        raise KeyError(f"no structure-removal variant for model_type {stock_type!r} "
-                       f"(supported: {', '.join(STOCK_CLASSES)})")
-    if stock_type not in VARIANTS:
-        VARIANTS[stock_type] = _make_variant(stock_type)
-    return VARIANTS[stock_type]
-
-
-def register_shed_auto_classes() -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    for stock_type in STOCK_CLASSES:
-        config_cls, model_cls = variant_classes(stock_type)
-        AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
-        AutoModelForCausalLM.register(config_cls, model_cls, exist_ok=True)
+    family = family_for(model_type)
+    if family.variant == "shed":
+        return family.config_class, family.model_class
+    shed = MODEL_TYPES.get(family.model_type + SHED_SUFFIX)
+    if family.variant is not None or shed is None:
+        stock = [f.model_type.removesuffix(SHED_SUFFIX) for f in MODEL_TYPES.values() if f.variant == "shed"]
+        raise UnknownNameError(f"no structure-removal variant for model_type {model_type!r} "
+                               f"(supported: {', '.join(stock)})")
+    return shed.config_class, shed.model_class

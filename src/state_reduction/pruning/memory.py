@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import json
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from state_reduction.errors import MissingInputError
+from state_reduction.models.families import architectures, speed_presets
+from state_reduction.models.families import build_config as family_config
 
 GIB = 1024**3
 # Grad: autograd keeps per block more than the block's Linear outputs where the q/k gradient flows (the chunked
@@ -29,33 +30,10 @@ GIB = 1024**3
 AUTOGRAD_SAVED_PER_OUTPUT = 1.7
 
 
-@dataclass(frozen=True)
-class Architecture:
-    name: str
-    family: str  # state_reduction.models family
-    config: dict
-    source: str
-
-
-# The paper gives no architecture numbers for its two large models; these are their public configurations.
-ARCHITECTURES = {
-    "codestral-7b": Architecture(
-        "mistralai/Mamba-Codestral-7B-v0.1", "mamba2",
-        {"hidden_size": 4096, "num_hidden_layers": 64, "state_size": 128, "n_groups": 8, "expand": 2,
-         "head_dim": 64, "num_heads": 128, "conv_kernel": 4, "vocab_size": 32768, "chunk_size": 256,
-         "tie_word_embeddings": False, "residual_in_fp32": True},
-        "the public config.json of mistralai/Mamba-Codestral-7B-v0.1, which transformers 5.24's Mamba2Config "
-        "defaults reproduce field for field (installed package; the hub is not reachable here)"),
-    "qwen3_5-9b": Architecture(
-        "Qwen/Qwen3.5-9B, text model (qwen3_5_text)", "qwen3_5",
-        {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32,
-         "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 8, "num_attention_heads": 16,
-         "num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16, "linear_key_head_dim": 128,
-         "linear_num_value_heads": 32, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
-         "vocab_size": 248320, "tie_word_embeddings": False},
-        "text_config of the public Qwen/Qwen3.5-9B config.json as quoted in third-party code (a config probe "
-        "test and a shape contract found by code search; not checked against the hub, which is not reachable here)"),
-}
+# The paper gives no architecture numbers for its two large models; their public configurations are facts of their
+# families (state_reduction.models.families: codestral-7b in mamba2, qwen3_5-9b in qwen3_5).
+ARCHITECTURES = architectures()
+PRESETS = speed_presets()
 
 
 def build_config(name_or_path: str):
@@ -66,8 +44,6 @@ def build_config(name_or_path: str):
     from transformers import AutoConfig
 
     import state_reduction  # noqa: F401  (Auto-class registration)
-    from state_reduction.models.registry import build_config as family_config
-    from state_reduction.speed.models import PRESETS
 
     if name_or_path in ARCHITECTURES:
         arch = ARCHITECTURES[name_or_path]
@@ -284,7 +260,7 @@ def _cmd_memory_plan(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("memory-plan", help="device and host memory of calibration, all at once and layer-streamed")
-    p.add_argument("model", help=f"{', '.join(ARCHITECTURES)}, dn-1.3b, gdn-1.3b, a checkpoint folder, a config.json "
+    p.add_argument("model", help=f"{', '.join([*ARCHITECTURES, *PRESETS])}, a checkpoint folder, a config.json "
                    "or a hub id")
     p.add_argument("--n-calib", type=int, default=128, help="calibration windows (paper profile: 128)")
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per window (paper profile: 2048)")

@@ -66,7 +66,7 @@ class KeyChannelSelection:
 class KeyChannelAdapter(ABC):
     """Where one model family keeps its key/query channels and how to cut them.
 
-    One subclass per family, registered in `state_reduction.pruning.adapters.ADAPTERS` by model_type."""
+    One subclass per family; each family's module (state_reduction.models.families) holds an instance."""
 
     model_type: str
     family: str

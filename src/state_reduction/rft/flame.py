@@ -12,9 +12,8 @@ import shlex
 from pathlib import Path
 
 from state_reduction.atomic import write_text_atomic
+from state_reduction.models.families import MODEL_TYPES
 from state_reduction.rft.config import RFTConfig, RFTError
-
-FLAME_FAMILIES = ("delta_net", "gated_deltanet")  # fla model classes flame builds from config.json
 
 
 def flame_arguments(cfg: RFTConfig, dump_folder: str, dataset: str = "HuggingFaceFW/fineweb-edu",
@@ -39,14 +38,14 @@ def flame_arguments(cfg: RFTConfig, dump_folder: str, dataset: str = "HuggingFac
 def export_for_flame(cfg: RFTConfig, dump_folder: str | Path) -> Path:
     """Write `<dump_folder>/flame_train_args.sh`: the HF -> DCP seed conversion and the train.sh command."""
     config = json.loads((Path(cfg.student) / "config.json").read_text())
-    if config.get("model_type") not in FLAME_FAMILIES:
+    flame = [t for t, f in MODEL_TYPES.items() if f.flame]  # fla model classes flame builds from config.json
+    family = MODEL_TYPES.get(config.get("model_type"))
+    if family is None or not family.flame:
         raise RFTError(f"{cfg.student}: model_type {config.get('model_type')!r}; the flame export covers fla's "
-                       f"{', '.join(FLAME_FAMILIES)} (flame's `import fla` re-registers mamba2 to fla's Mamba-2, "
+                       f"{', '.join(flame)} (flame's `import fla` re-registers mamba2 to fla's Mamba-2, "
                        "which disagrees with transformers for n_groups > 1; Qwen3.5 is a transformers model)")
-    if config["model_type"] == "gated_deltanet":  # flame builds the model from config.json: expand_v must hold
-        from state_reduction.pruning.adapters.gated_deltanet import check_value_dim
-
-        check_value_dim(config, f"{cfg.student}/config.json")
+    if family.check_config is not None:  # flame builds the model from config.json
+        family.check_config(config, f"{cfg.student}/config.json")
     dump = Path(dump_folder)
     dump.mkdir(parents=True, exist_ok=True)
     seed = dump / "checkpoint" / "step-0"

@@ -136,7 +136,7 @@ def _state_memory_record(args) -> dict:
     from transformers import AutoConfig
 
     import state_reduction  # noqa: F401
-    from state_reduction.models.registry import build_config, register_auto_classes
+    from state_reduction.models import build_config, register_auto_classes
     from state_reduction.results import build_result
     from state_reduction.speed.memory import parse_bytes, state_memory_rows
     from state_reduction.speed.models import PRESETS

@@ -14,16 +14,12 @@ import torch
 from torch import nn
 
 from state_reduction.errors import InputError, MissingInputError
+from state_reduction.models.families import build_model, speed_presets
 from state_reduction.pruning.adapters import get_adapter
 from state_reduction.pruning.selectors import select
 from state_reduction.pruning.surgery import reduce_model
 
-PRESETS: dict[str, tuple[str, dict]] = {
-    "gdn-1.3b": ("gated_deltanet", {"hidden_size": 2048, "num_heads": 16, "head_dim": 128, "expand_v": 1.0,
-                                        "num_hidden_layers": 24, "vocab_size": 32000, "hidden_ratio": 4}),
-    "dn-1.3b": ("deltanet", {"hidden_size": 2048, "num_heads": 16, "expand_k": 1.0, "expand_v": 1.0,
-                                 "num_hidden_layers": 24, "vocab_size": 32000, "hidden_ratio": 4}),
-}
+PRESETS: dict[str, tuple[str, dict]] = speed_presets()  # name -> (family, config kwargs), from each family's module
 # The CPU references run with these; fla's Triton fused cross-entropy and fused norms are routed on CPU anyway.
 _CPU_SAFE = {"fuse_cross_entropy": False}
 
@@ -35,7 +31,6 @@ def load_bench_model(model: str, *, layers: int | None = None, dtype: torch.dtyp
     from transformers import AutoModelForCausalLM
 
     import state_reduction  # noqa: F401  (Auto-class registration)
-    from state_reduction.models.registry import build_model
 
     if model in PRESETS:
         family, kwargs = PRESETS[model]

@@ -1,4 +1,5 @@
-"""One key-channel adapter per model family, registered by config `model_type`."""
+"""One key-channel adapter per model family; `get_adapter` finds it by config `model_type` in the family registry
+(`state_reduction.models.families`)."""
 
 from __future__ import annotations
 
@@ -30,41 +31,35 @@ def shed_variant(adapter: KeyChannelAdapter) -> KeyChannelAdapter:
         return base.state_bytes_per_sequence(self, config, dtype) // len(recurrent) * (len(recurrent) - len(removed))
 
     cls = type(f"Shed{base.__name__}", (base,), {
-        "model_type": base.model_type + "_shed", "family": base.family,
+        "model_type": adapter.model_type + "_shed", "family": base.family,
         "state_bytes_per_sequence": state_bytes_per_sequence, "__module__": __name__})
     return cls()
 
 
-_STOCK = (DeltaNetAdapter(), SharedConvDeltaNetAdapter(), GatedDeltaNetAdapter(), Mamba2Adapter(), Qwen3_5Adapter())
-ADAPTERS: dict[str, KeyChannelAdapter] = {
-    a.model_type: a for a in _STOCK + tuple(shed_variant(a) for a in _STOCK if a.model_type != "delta_net_shared_conv")
-}
+def ralimp_variant(adapter: KeyChannelAdapter, model_type: str) -> KeyChannelAdapter:
+    """The adapter of a RaLiMP variant (state_reduction.models.ralimp_variant): the family's mixers are kept, so it
+    is the family's adapter under the variant's model_type."""
+    out = type(adapter)()
+    out.model_type = model_type
+    return out
 
 
-def _linearized_variants() -> None:
-    """The RaLiMP variants (models/ralimp_variant.py) keep their family's mixers: the family's adapter under the
-    variant's model_type."""
-    from state_reduction.models.ralimp_variant import VARIANTS
+def _wrappers() -> dict[str, str]:
+    """Model types that wrap a supported one (e.g. vision-language), for configs that do not say which (no
+    text_config): wrapper model_type -> the family's model_type."""
+    from state_reduction.models.families import FAMILIES
 
-    for base, (config_cls, _) in VARIANTS.items():
-        adapter = type(ADAPTERS[base])()
-        adapter.model_type = config_cls.model_type
-        ADAPTERS[config_cls.model_type] = adapter
-
-
-_linearized_variants()
-
-# model types that wrap a supported one, when the config does not say which (no text_config)
-_WRAPPERS = {"qwen3_5": "qwen3_5_text"}
+    return {w: f.model_type for f in FAMILIES.values() for w in f.wrapper_model_types}
 
 
 def _text_model_hint(config, model_type: str | None, expected: str) -> str:
     """How to reach the `expected` text model from a wrapper config (vision-language models keep it in text_config)."""
     text = getattr(config, "text_config", None)
     inner = text.get("model_type") if isinstance(text, dict) else getattr(text, "model_type", None)
-    if text is None and model_type not in _WRAPPERS:
+    wrappers = _wrappers()
+    if text is None and model_type not in wrappers:
         return ""
-    inner = inner or _WRAPPERS.get(model_type, expected)
+    inner = inner or wrappers.get(model_type, expected)
     return (f"; model_type {model_type!r} is a wrapper (e.g. vision-language) around a {inner!r} text model in "
             f"config.text_config: extract it with transformers.AutoModelForCausalLM.from_pretrained(path) (which builds "
             f"the text model, e.g. Qwen3_5ForCausalLM for qwen3_5, from text_config) followed by "
@@ -74,10 +69,12 @@ def _text_model_hint(config, model_type: str | None, expected: str) -> str:
 def get_adapter(model_or_config) -> KeyChannelAdapter:
     """The adapter for a model or its config, looked up by `config.model_type`; the config must have the fields the
     adapter reads (`required_fields`)."""
+    from state_reduction.models.families import MODEL_TYPES  # the registry imports the adapters
+
     config = getattr(model_or_config, "config", model_or_config)
     model_type = getattr(config, "model_type", None)
-    if model_type in ADAPTERS:
-        adapter = ADAPTERS[model_type]
+    if model_type in MODEL_TYPES:
+        adapter = MODEL_TYPES[model_type].adapter
         missing = [f for f in adapter.required_fields if not hasattr(config, f)]
         if missing:
             raise InputError(
@@ -87,13 +84,15 @@ def get_adapter(model_or_config) -> KeyChannelAdapter:
         return adapter
     text = getattr(config, "text_config", None)
     inner = text.get("model_type") if isinstance(text, dict) else getattr(text, "model_type", None)
-    if inner in ADAPTERS or model_type in _WRAPPERS:
-        hint = _text_model_hint(config, model_type, inner or _WRAPPERS[model_type])
+    wrappers = _wrappers()
+    if inner in MODEL_TYPES or model_type in wrappers:
+        hint = _text_model_hint(config, model_type, inner or wrappers[model_type])
     else:
-        close = difflib.get_close_matches(str(model_type), list(ADAPTERS), n=1)
+        close = difflib.get_close_matches(str(model_type), list(MODEL_TYPES), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise UnknownNameError(f"no key-channel adapter for model_type {model_type!r}{hint} (supported: {', '.join(ADAPTERS)})")
+    raise UnknownNameError(f"no key-channel adapter for model_type {model_type!r}{hint} "
+                           f"(supported: {', '.join(MODEL_TYPES)})")
 
 
-__all__ = ["ADAPTERS", "DeltaNetAdapter", "GatedDeltaNetAdapter", "Mamba2Adapter", "Qwen3_5Adapter",
-           "SharedConvDeltaNetAdapter", "get_adapter", "shed_variant"]
+__all__ = ["DeltaNetAdapter", "GatedDeltaNetAdapter", "Mamba2Adapter", "Qwen3_5Adapter", "SharedConvDeltaNetAdapter",
+           "get_adapter", "ralimp_variant", "shed_variant"]

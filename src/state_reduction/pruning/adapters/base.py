@@ -8,6 +8,7 @@ maps rows as W' = T W (q/k projections, conv bias) and depthwise filters as w'_r
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from state_reduction.errors import InputError, UnsupportedError
-from state_reduction.pruning.types import KeyChannelSelection, MixerRef
+from state_reduction.pruning.types import KeyChannelAdapter, KeyChannelSelection, MixerRef
 
 
 def find_mixers(model: nn.Module, mixer_class: type, family: str) -> Iterator[MixerRef]:
@@ -108,11 +109,12 @@ class Undo:
             self.fn = None
 
 
-class FusedQKAdapter:
-    """Mixin for transformers' Mamba-2 and Qwen3.5 mixers: q and k (C and B) are segments of one input
-    projection and of one depthwise conv, which the forward applies functionally (no conv module call, so
-    no conv hook fires); hooks recompute the conv + activation on the q/k channels from the projection
-    output. Subclasses give `mixer_heads`, `proj_segments`, `conv_segments`, `set_key_dim` and the names."""
+class FusedQKAdapter(KeyChannelAdapter):
+    """Base of the adapters of transformers' Mamba-2 and Qwen3.5 mixers: q and k (C and B) are segments of one
+    input projection and of one depthwise conv, which the forward applies functionally (no conv module call, so
+    no conv hook fires); hooks recompute the conv + activation on the q/k channels from the projection output.
+    Subclasses give `mixer_heads`, `proj_segments`, `conv_segments`, `set_key_dim` (abstract: a subclass that
+    misses one cannot be instantiated) and the names below."""
 
     in_proj: str
     conv: str
@@ -122,10 +124,21 @@ class FusedQKAdapter:
     k_conv_segment: int
     mask_after_conv: bool  # Mamba-2 zeroes padded positions of the conv output, Qwen3.5 only its input
 
-    def mixer_heads(self, mixer: nn.Module) -> tuple[int, int]: ...
-    def proj_segments(self, mixer: nn.Module) -> list[int]: ...
-    def conv_segments(self, mixer: nn.Module) -> list[int]: ...
-    def set_key_dim(self, mixer: nn.Module, new_k: int) -> None: ...
+    @abstractmethod
+    def mixer_heads(self, mixer: nn.Module) -> tuple[int, int]:
+        """(H, K) of this mixer's q/k: key heads and channels per head."""
+
+    @abstractmethod
+    def proj_segments(self, mixer: nn.Module) -> list[int]:
+        """Row counts of the segments of the input projection, in order (q and k among them)."""
+
+    @abstractmethod
+    def conv_segments(self, mixer: nn.Module) -> list[int]:
+        """Channel counts of the segments of the depthwise conv, in order."""
+
+    @abstractmethod
+    def set_key_dim(self, mixer: nn.Module, new_k: int) -> None:
+        """Record K' = new_k on the mixer (the attributes its forward reads)."""
 
     def _offset(self, sizes: list[int], index: int) -> slice:
         start = sum(sizes[:index])

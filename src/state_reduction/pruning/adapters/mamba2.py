@@ -14,10 +14,10 @@ from torch import nn
 from state_reduction.pruning.adapters.base import FusedQKAdapter, find_mixers
 from state_reduction.pruning.adapters.structure import StructureLayout
 from state_reduction.pruning.dynamics import HeadDynamics
-from state_reduction.pruning.types import KeyChannelAdapter, MixerRef
+from state_reduction.pruning.types import MixerRef
 
 
-class Mamba2Adapter(FusedQKAdapter, KeyChannelAdapter):
+class Mamba2Adapter(FusedQKAdapter):
     """Key heads are the B/C groups; state [heads, head_dim, N] per layer."""
 
     model_type = "mamba2"

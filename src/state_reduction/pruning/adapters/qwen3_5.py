@@ -14,10 +14,10 @@ from torch import nn
 from state_reduction.pruning.adapters.base import FusedQKAdapter, find_mixers
 from state_reduction.pruning.adapters.structure import StructureLayout
 from state_reduction.pruning.dynamics import HeadDynamics
-from state_reduction.pruning.types import KeyChannelAdapter, MixerRef
+from state_reduction.pruning.types import MixerRef
 
 
-class Qwen3_5Adapter(FusedQKAdapter, KeyChannelAdapter):
+class Qwen3_5Adapter(FusedQKAdapter):
     """Key heads are the linear key heads; state [Hv, K, V] per linear-attention layer."""
 
     model_type = "qwen3_5_text"
