@@ -37,7 +37,6 @@ MODES = ("kq", "k", "q")
 DRRQR_F = 1.5  # swap threshold f of strong RRQR (paper, appendix B.2)
 
 
-
 @dataclass(frozen=True)
 class SelectorInput:
     """What a selector sees of one mixer."""
