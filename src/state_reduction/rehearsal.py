@@ -116,13 +116,14 @@ def _predicted_prune(config, cfg: RehearsalConfig, method: str, streamed: bool) 
     the weights alone for the weight-only selectors. Streamed on the CPU, home and device are one memory: the
     host plan plus the device plan less the weights the device plan counts again."""
     from state_reduction.pruning.memory import plan
-    from state_reduction.pruning.prune import NEEDS_CALIBRATION, NEEDS_GRADIENTS
+    from state_reduction.pruning.selectors import get_selector
 
     cuda = torch.cuda.is_available()  # prune computes on the GPU when present, in the checkpoint's bf16
     p = plan(config, cfg.n_calib, cfg.seq_len, cfg.batch_size, weight_bytes=2 if cuda else 4, grad_tokens=2048)
-    if method not in NEEDS_CALIBRATION:
+    selector = get_selector(method)
+    if not selector.needs:
         return p["terms"]["weights"]
-    kind = "grad" if method in NEEDS_GRADIENTS else "forward"
+    kind = "grad" if selector.gradients else "forward"
     if not streamed:
         return p["device"][f"all_at_once_{kind}"]
     if cuda:
@@ -214,6 +215,7 @@ def rehearse(cfg: RehearsalConfig) -> dict:
     """Run the rehearsal; returns the record (rows per stage) and writes `<out>/rehearsal.json`."""
     from state_reduction.backend import install_cpu_backend
     from state_reduction.devices import resolve_device
+    from state_reduction.pruning.adapters import get_adapter
     from state_reduction.pruning.prune import PruneConfig, prune
     from state_reduction.pruning.selectors import SELECTORS
     from state_reduction.rft import RFTConfig, run_rft
@@ -234,7 +236,9 @@ def rehearse(cfg: RehearsalConfig) -> dict:
                    lambda: build_checkpoint(name, cfg.layers, dense, cfg.seed))
         kept_for_later = None
         if "prune" in cfg.stages:
-            for method in methods:
+            # by default every selector that serves the family (ghost needs a decay, which DeltaNet lacks)
+            adapter = get_adapter(config)
+            for method in [m for m in methods if cfg.methods or SELECTORS[m].missing(adapter) is None]:
                 for ratio in cfg.ratios:
                     for streamed in cfg.streamed:
                         what = f"{method} r{round(ratio * 100)}{' streamed' if streamed else ''}"

@@ -57,8 +57,9 @@ def _add(stats: LayerCalibration, name: str, value: torch.Tensor) -> None:
     setattr(stats, name, value if current is None else current + value)
 
 
-def add_dynamics_hooks(spec: HeadDynamics, mixer: nn.Module, key_heads: int, on_dynamics) -> list:
-    """Forward hooks calling on_dynamics(name, [H_k] float64 sum) for name in decay_sq, gain_sq; returns handles."""
+def add_dynamics_hooks(spec: HeadDynamics, mixer: nn.Module, key_heads: int, on_dynamics=None, on_series=None) -> list:
+    """Forward hooks calling on_dynamics(name, [H_k] float64 sum) for name in decay_sq, gain_sq and/or
+    on_series(name, [B, T, H_v] float32 per token) for name in decay, gain; returns handles."""
     hv = getattr(mixer, spec.value_heads)
     handles = []
     if spec.gate is not None:
@@ -66,14 +67,23 @@ def add_dynamics_hooks(spec: HeadDynamics, mixer: nn.Module, key_heads: int, on_
             raw = out[..., -hv:] if spec.gate_tail else out
             dt = _dt(mixer, raw)
             a = torch.exp(-torch.exp(mixer.A_log.float()) * dt)
-            on_dynamics("decay_sq", _key_head_mean(a.pow(2), key_heads))
+            if on_dynamics is not None:
+                on_dynamics("decay_sq", _key_head_mean(a.pow(2), key_heads))
+            if on_series is not None:
+                on_series("decay", a)
             if spec.gain_is_dt:
-                on_dynamics("gain_sq", _key_head_mean(dt.pow(2), key_heads))
+                if on_dynamics is not None:
+                    on_dynamics("gain_sq", _key_head_mean(dt.pow(2), key_heads))
+                if on_series is not None:
+                    on_series("gain", dt)
         handles.append(getattr(mixer, spec.gate).register_forward_hook(on_gate))
     if spec.beta is not None:
         def on_beta(module, args, out):
             beta = out.float().sigmoid() * (2.0 if getattr(mixer, "allow_neg_eigval", False) else 1.0)
-            on_dynamics("gain_sq", _key_head_mean(beta.pow(2), key_heads))
+            if on_dynamics is not None:
+                on_dynamics("gain_sq", _key_head_mean(beta.pow(2), key_heads))
+            if on_series is not None:
+                on_series("gain", beta)
 
         if spec.beta_flag is None or getattr(mixer, spec.beta_flag):
             handles.append(getattr(mixer, spec.beta).register_forward_hook(on_beta))

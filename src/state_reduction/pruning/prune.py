@@ -12,11 +12,7 @@ import torch
 
 from state_reduction.atomic import check_output
 from state_reduction.errors import InputError
-from state_reduction.pruning.selectors import MODES, get_selector, keep_count, select
-
-# What each selector reads from calibration (rand and l1 use the weights only).
-NEEDS_CALIBRATION = {"wanda", "grad", "drrqr", "pca", "pca-adv", "energy"}
-NEEDS_GRADIENTS = {"grad"}
+from state_reduction.pruning.selectors import MODES, SelectorInput, get_selector, keep_count
 
 
 @dataclass
@@ -90,9 +86,10 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     t0 = time.time()
     install_cpu_backend()
     config = load_config(cfg.model)
-    get_adapter(config)  # a wrong or wrapper config fails before the weights load
+    selector = get_selector(cfg.method)
+    selector.check_family(get_adapter(config))  # a wrong or wrapper config fails before the weights load
     tokenizer = load_tokenizer(cfg.model)
-    if cfg.method in NEEDS_CALIBRATION:
+    if selector.needs:
         check_length_option(cfg.seq_len, "--seq-len", config, tokenizer, model_dir=cfg.model, name=cfg.model)
     device = resolve_device(cfg.device)
     saved_dtype = checkpoint_dtype(config)
@@ -106,15 +103,14 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     state_before = adapter.state_bytes_per_sequence(model.config)
 
     stats, calibration = {}, None
-    if cfg.method in NEEDS_CALIBRATION and keep < K:
+    if selector.needs and keep < K:  # exactly the statistics the selector reads (calibration.STATISTICS)
         windows = sample_sequences(tokenizer, cfg.calib, n=cfg.n_calib, seq_len=cfg.seq_len, seed=cfg.seed,
                                    stream="calibration", data_dir=cfg.data_dir)
-        gradients = cfg.method in NEEDS_GRADIENTS
-        batch = grad_batch_size(cfg) if gradients else cfg.batch_size
+        batch = grad_batch_size(cfg) if selector.gradients else cfg.batch_size
         if cfg.stream_layers:
-            stats = calibrate_streaming(model, adapter, windows, batch_size=batch, gradients=gradients, device=device)
+            stats = calibrate_streaming(model, adapter, windows, batch_size=batch, device=device, needs=selector.needs)
         else:
-            stats = calibrate(model, adapter, windows, batch_size=batch, gradients=gradients)
+            stats = calibrate(model, adapter, windows, batch_size=batch, needs=selector.needs)
         calibration = {"corpus": cfg.calib, "stream": "calibration", "n": cfg.n_calib, "seq_len": cfg.seq_len,
                        "tokens": int(windows.numel()), "seed": cfg.seed,
                        "sha256": get_corpus_info(cfg.calib).sha256}
@@ -123,8 +119,8 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     selections = {}
     for ref in adapter.mixers(model):
         w_q, w_k = adapter.qk_weights(ref.module)
-        selections[ref.layer] = select(cfg.method, stats.get(ref.layer), w_q.detach(), w_k.detach(), keep,
-                                       cfg.select, generator, ref.layer)
+        selections[ref.layer] = selector(SelectorInput(stats.get(ref.layer), w_q.detach(), w_k.detach(), keep,
+                                                       cfg.select, generator, ref.layer))
     reduce_model(model, selections)
     model.to(saved_dtype)  # computed in fp32 on a CPU; saved in the checkpoint's own dtype
     state_after = adapter.state_bytes_per_sequence(model.config)

@@ -1,13 +1,18 @@
-"""Key-channel selectors (paper 3.4, appendix B.2-B.4, C.6, C.7): calibration statistics -> what to keep.
+"""Key-channel selectors (paper 3.4, appendix B.2-B.4, C.6, C.7; issue 19): calibration statistics -> what to keep.
 
-Every selector has the signature
+A selector is one function from a `SelectorInput` (one mixer's calibration statistics, its W_Q/W_K [H, K, d_in],
+`keep`, the coupled mode, a generator and the layer index) to a `KeyChannelSelection`, registered with the
+statistics it reads:
 
-    (stats, w_q [H, K, d_in], w_k [H, K, d_in], keep, mode, generator, layer) -> KeyChannelSelection
+    @register_selector("grad", needs={"gradients"})
+    def select_grad(x: SelectorInput) -> KeyChannelSelection: ...
 
-and is registered in `SELECTORS` by name. `mode` picks the coupled-selection variant of Table 16: "kq"
-(queries and keys, the default), "k" (keys only) or "q" (queries only). Score-based selectors keep the
-`keep` highest scores per head (ties: lower index first) and return the indices sorted; `keep == K`
-returns the identity (ratio 0 leaves the model untouched) without reading any statistic.
+`needs` names entries of `calibration.STATISTICS`; calibration computes exactly the union of the chosen
+selectors' needs (`needs_of`), and nothing when it is empty (rand, l1). A selector that only some families can
+serve also gives `serves(adapter) -> None or what the family lacks`. `mode` picks the coupled-selection variant of
+Table 16: "kq" (queries and keys, the default), "k" (keys only) or "q" (queries only). Score-based selectors keep
+the `keep` highest scores per head (ties: lower index first) and return the indices sorted; `keep == K` returns
+the identity (ratio 0 leaves the model untouched) without reading any statistic.
 """
 
 from __future__ import annotations
@@ -18,18 +23,70 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from state_reduction.errors import InputError, UnknownNameError
+from state_reduction.pruning.calibration import GRADIENT_NEEDS, STATISTICS, missing_decay
 from state_reduction.pruning.srrqr import srrqr_from_gram
 from state_reduction.pruning.types import KeyChannelSelection, LayerCalibration
 
 MODES = ("kq", "k", "q")
 DRRQR_F = 1.5  # swap threshold f of strong RRQR (paper, appendix B.2)
 
-Selector = Callable[..., KeyChannelSelection]
+
+@dataclass(frozen=True)
+class SelectorInput:
+    """What a selector sees of one mixer."""
+
+    stats: LayerCalibration | None  # its calibration statistics (None: no calibration ran)
+    w_q: torch.Tensor  # [H, K, d_in] query rows (Mamba-2: C)
+    w_k: torch.Tensor  # [H, K, d_in] key rows (Mamba-2: B)
+    keep: int  # channels to keep per head, 1..K
+    mode: str = "kq"
+    generator: torch.Generator | None = None
+    layer: int = 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(H, K)."""
+        return tuple(self.w_q.shape[:2])
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A registered selector: its function, the calibration statistics it reads and the families it serves."""
+
+    name: str
+    fn: Callable[..., KeyChannelSelection]
+    needs: frozenset[str]
+    serves: Callable[[object], str | None] | None = None  # adapter -> None, or what the family lacks
+
+    @property
+    def gradients(self) -> bool:
+        return bool(self.needs & GRADIENT_NEEDS)
+
+    def missing(self, adapter) -> str | None:
+        """What `adapter`'s family lacks for this selector (None: it can be served)."""
+        return self.serves(adapter) if self.serves is not None else None
+
+    def check_family(self, adapter) -> None:
+        """One line naming the selector, the family and what is missing when the family cannot be served."""
+        missing = self.missing(adapter)
+        if missing is not None:
+            raise InputError(f"selector {self.name!r} cannot serve family {adapter.family}: it needs {missing}")
+
+    def __call__(self, x: SelectorInput, **options) -> KeyChannelSelection:
+        H, K = _check_args(self.name, x.w_q, x.w_k, x.keep, x.mode, x.layer)
+        if x.keep == K:
+            return KeyChannelSelection(keep=torch.arange(K).expand(H, K).clone())
+        if not isinstance(x.keep, int):
+            x = SelectorInput(x.stats, x.w_q, x.w_k, int(x.keep), x.mode, x.generator, x.layer)
+        return self.fn(x, **options)
+
+
 SELECTORS: dict[str, Selector] = {}
 
 
@@ -76,27 +133,31 @@ def select(
     mode: str = "kq",
     generator: torch.Generator | None = None,
     layer: int = 0,
+    **options,
 ) -> KeyChannelSelection:
-    """Run the selector registered as `name` on one mixer (see the module docstring for the arguments)."""
-    return get_selector(name)(stats, w_q, w_k, keep, mode, generator, layer)
+    """Run the selector registered as `name` on one mixer (the fields of `SelectorInput`)."""
+    return get_selector(name)(SelectorInput(stats, w_q, w_k, keep, mode, generator, layer), **options)
 
 
-def register(name: str) -> Callable[[Selector], Selector]:
-    """Register a selector under `name`, wrapped with the argument checks every selector shares."""
+def needs_of(names) -> frozenset[str]:
+    """The union of the calibration statistics the selectors `names` read."""
+    return frozenset().union(*(get_selector(n).needs for n in names))
 
-    def wrap(fn: Selector) -> Selector:
+
+def register_selector(name: str, needs=(), serves=None) -> Callable:
+    """Register `fn(x: SelectorInput) -> KeyChannelSelection` as selector `name` reading the statistics `needs`
+    (names of calibration.STATISTICS), wrapped with the argument checks every selector shares."""
+    unknown = sorted(set(needs) - set(STATISTICS))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(STATISTICS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UnknownNameError(f"selector {name!r}: unknown need {unknown[0]!r}{hint} (known: {', '.join(STATISTICS)})")
+
+    def wrap(fn):
         if name in SELECTORS:
             raise InputError(f"selector {name!r} registered twice")
-
-        @functools.wraps(fn)
-        def checked(stats, w_q, w_k, keep, mode="kq", generator=None, layer=0, **options):
-            H, K = _check_args(name, w_q, w_k, keep, mode, layer)
-            if keep == K:
-                return KeyChannelSelection(keep=torch.arange(K).expand(H, K).clone())
-            return fn(stats, w_q, w_k, int(keep), mode, generator, layer, **options)
-
-        SELECTORS[name] = checked
-        return checked
+        SELECTORS[name] = Selector(name, fn, frozenset(needs), serves)
+        return fn
 
     return wrap
 
@@ -151,47 +212,48 @@ def _weights(w: torch.Tensor) -> torch.Tensor:
     return w.detach().to("cpu", torch.float64)
 
 
-@register("rand")
-def select_rand(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+@register_selector("rand")
+def select_rand(x: SelectorInput) -> KeyChannelSelection:
     """A random permutation per head from `generator` (required: unseeded selections are not reproducible)."""
-    if generator is None:
+    if x.generator is None:
         raise InputError("rand needs a seeded torch.Generator (generator=None)")
-    H, K, _ = w_q.shape
-    idx = torch.stack([torch.randperm(K, generator=generator)[:keep] for _ in range(H)])
+    H, K = x.shape
+    idx = torch.stack([torch.randperm(K, generator=x.generator)[:x.keep] for _ in range(H)])
     return KeyChannelSelection(keep=idx.sort(dim=1).values)
 
 
-@register("l1")
-def select_l1(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+@register_selector("l1")
+def select_l1(x: SelectorInput) -> KeyChannelSelection:
     """s_j = ||W_Q[j, :]||_1 + ||W_K[j, :]||_1 (paper 3.4)."""
-    return _top(sum(_weights(w).abs().sum(-1) for w in _pair(mode, w_q, w_k)), keep)
+    return _top(sum(_weights(w).abs().sum(-1) for w in _pair(x.mode, x.w_q, x.w_k)), x.keep)
 
 
-@register("wanda")
-def select_wanda(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+@register_selector("wanda", needs={"input_norms"})
+def select_wanda(x: SelectorInput) -> KeyChannelSelection:
     """S-Wanda: s_j = sum_i (|W_Q[j, i]| + |W_K[j, i]|) * ||X[:, i]||_2, X the q/k projection input (3.4)."""
-    d_in = w_q.shape[2]
-    x_norm = _stat(stats, "input_sq", "wanda", layer, (d_in,), "input_sq: run calibration with input hooks").sqrt()
-    return _top(sum((_weights(w).abs() * x_norm).sum(-1) for w in _pair(mode, w_q, w_k)), keep)
+    d_in = x.w_q.shape[2]
+    x_norm = _stat(x.stats, "input_sq", "wanda", x.layer, (d_in,), "input_sq: run calibration with input hooks").sqrt()
+    return _top(sum((_weights(w).abs() * x_norm).sum(-1) for w in _pair(x.mode, x.w_q, x.w_k)), x.keep)
 
 
-@register("grad")
-def select_grad(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+@register_selector("grad", needs={"gradients"})
+def select_grad(x: SelectorInput) -> KeyChannelSelection:
     """s_j = sum_i |W_Q[j, i] dL/dW_Q[j, i]| + |W_K[j, i] dL/dW_K[j, i]| (3.4), summed in calibration."""
-    H, K, _ = w_q.shape
+    H, K = x.shape
     hint = "saliency_q/saliency_k: run calibration with gradients"
-    terms = [_stat(stats, f"saliency_{s}", "grad", layer, (H, K), hint) for s in _pair(mode, "q", "k")]
-    return _top(sum(terms), keep)
+    terms = [_stat(x.stats, f"saliency_{s}", "grad", x.layer, (H, K), hint) for s in _pair(x.mode, "q", "k")]
+    return _top(sum(terms), x.keep)
 
 
-@register("drrqr")
-def select_drrqr(stats, w_q, w_k, keep, mode, generator, layer, *, f: float = DRRQR_F, max_swaps: int | None = None):
+@register_selector("drrqr", needs={"gram"})
+def select_drrqr(x: SelectorInput, *, f: float = DRRQR_F, max_swaps: int | None = None) -> KeyChannelSelection:
     """Strong RRQR on M_h = [Q_h; K_h] per head (appendix B.2), through its Gram matrix Q^T Q + K^T K
     (post-conv q/k, before the L2 norm) accumulated over all calibration tokens."""
-    H, K, _ = w_q.shape
+    stats, keep, layer = x.stats, x.keep, x.layer
+    H, K = x.shape
     hint = "gram_q/gram_k: run calibration with q/k hooks"
-    G = sum(_stat(stats, f"gram_{s}", "drrqr", layer, (H, K, K), hint) for s in _pair(mode, "q", "k"))
-    n_rows = stats.n_tokens * (2 if mode == "kq" else 1)
+    G = sum(_stat(stats, f"gram_{s}", "drrqr", layer, (H, K, K), hint) for s in _pair(x.mode, "q", "k"))
+    n_rows = stats.n_tokens * (2 if x.mode == "kq" else 1)
     kept, warned = [], {}
     for h in range(H):
         with warnings.catch_warnings(record=True) as caught:
@@ -206,11 +268,12 @@ def select_drrqr(stats, w_q, w_k, keep, mode, generator, layer, *, f: float = DR
     return KeyChannelSelection(keep=torch.from_numpy(np.stack(kept)).to(torch.int64))
 
 
-def _pca(stats, w_q, keep, mode, layer, method: str, largest: bool) -> KeyChannelSelection:
+def _pca(x: SelectorInput, method: str, largest: bool) -> KeyChannelSelection:
     """Eigenvectors of the centred covariance of L2-normalised keys (pooled with queries in mode kq) as
     rows of T [H, keep, K] (appendix B.3, C.6). Signs: the largest-magnitude entry of each row is positive
     (the first such entry on exact ties)."""
-    H, K, _ = w_q.shape
+    stats, keep, mode, layer = x.stats, x.keep, x.mode, x.layer
+    H, K = x.shape
     hint = "sum_k/sum_kk and sum_q/sum_qq (PCA moments): run calibration with q/k hooks"
     if stats is None or stats.n_tokens <= 0:
         raise InputError(f"{method} needs {hint} (layer {layer} has no calibration tokens)")
@@ -227,16 +290,16 @@ def _pca(stats, w_q, keep, mode, layer, method: str, largest: bool) -> KeyChanne
     return KeyChannelSelection(rotation=T * sign)
 
 
-@register("pca")
-def select_pca(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+@register_selector("pca", needs={"normalised_moments"})
+def select_pca(x: SelectorInput) -> KeyChannelSelection:
     """Top-`keep` principal directions ("proper" PCA, appendix C.6.2)."""
-    return _pca(stats, w_q, keep, mode, layer, "pca", largest=True)
+    return _pca(x, "pca", largest=True)
 
 
-@register("pca-adv")
-def select_pca_adv(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+@register_selector("pca-adv", needs={"normalised_moments"})
+def select_pca_adv(x: SelectorInput) -> KeyChannelSelection:
     """Bottom-`keep` principal directions ("adversarial" PCA baseline, appendix C.6.2)."""
-    return _pca(stats, w_q, keep, mode, layer, "pca-adv", largest=False)
+    return _pca(x, "pca-adv", largest=False)
 
 
 def energy_scores(stats: LayerCalibration | None, H: int, K: int, mode: str = "kq", layer: int = 0,
@@ -259,8 +322,8 @@ def energy_scores(stats: LayerCalibration | None, H: int, K: int, mode: str = "k
     return channel * (gain * horizon_sum)[:, None]
 
 
-@register("energy")
-def select_energy(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSelection:
+@register_selector("energy", needs={"gram", "normalised_moments", "dynamics"})
+def select_energy(x: SelectorInput) -> KeyChannelSelection:
     """Impulse-response energy of each key channel: AIRE-Prune's E_i (arXiv 2602.00534) for input-dependent states.
 
     A diagonal SSM mode i has E_i = ||C[:, i]||^2 ||B_bar[i, :]||^2 / (1 - |lambda_i|^2): the energy of its impulse
@@ -282,5 +345,78 @@ def select_energy(stats, w_q, w_k, keep, mode, generator, layer) -> KeyChannelSe
     qk_norm l2, Gated DeltaNet, Qwen3.5), raw post-conv (gram_q/gram_k) for Mamba-2. The decay factor is a
     constant of the head, so within a head the ranking is that of E[q_j^2] E[k_j^2]; it matters when scores
     are compared across heads and layers (global budgets). `mode` k or q drops the other factor (Table 16)."""
-    H, K, _ = w_q.shape
-    return _top(energy_scores(stats, H, K, mode, layer), keep)
+    H, K = x.shape
+    return _top(energy_scores(x.stats, H, K, x.mode, x.layer), x.keep)
+
+
+@register_selector("think", needs={"window_norms"})
+def select_think(x: SelectorInput) -> KeyChannelSelection:
+    """ThinK (arXiv 2407.21018): key channel j of a head scores ||Q[:, j] K[:, j]^T||_F, the magnitude of the
+    query-key interaction it carries. Q[:, j] K[:, j]^T is rank one, so over the tokens of one window w the score
+    is ||Q_w[:, j]||_2 ||K_w[:, j]||_2; it is summed over the calibration windows. q and k are the vectors the
+    kernel sees (L2-normalised where it normalises them). Mode k or q keeps the key or query norm alone."""
+    H, K = x.shape
+    hint = "window_norm_*: run calibration with the window_norms statistic"
+    field = {"kq": "window_norm_qk", "k": "window_norm_k", "q": "window_norm_q"}[x.mode]
+    return _top(_stat(x.stats, field, "think", x.layer, (H, K), hint), x.keep)
+
+
+def ghost_scores(stats: LayerCalibration | None, H: int, K: int, mode: str = "kq", layer: int = 0) -> torch.Tensor:
+    """[H, K] float64 (see `select_ghost`)."""
+    hint = "gramian_ctrl/gramian_obs: run calibration with the state_gramians statistic"
+    ctrl, obs = (getattr(stats, f, None) if stats is not None else None for f in ("gramian_ctrl", "gramian_obs"))
+    if ctrl is None or ctrl.shape[0] % H or tuple(ctrl.shape[1:]) != (K,):
+        shape = None if ctrl is None else tuple(ctrl.shape)
+        raise InputError(f"ghost needs {hint} (layer {layer} has gramian_ctrl {shape}, expected [H_v, {K}] with "
+                         f"H_v a multiple of H = {H})")
+    Hv = ctrl.shape[0]
+    ctrl = _stat(stats, "gramian_ctrl", "ghost", layer, (Hv, K), hint)
+    obs = _stat(stats, "gramian_obs", "ghost", layer, (Hv, K), hint)
+    per_value_head = {"kq": (ctrl * obs).sqrt(), "k": ctrl, "q": obs}[mode]  # [H_v, K]
+    return per_value_head.view(H, Hv // H, K).sum(1)
+
+
+@register_selector("ghost", needs={"state_gramians"}, serves=missing_decay)
+def select_ghost(x: SelectorInput) -> KeyChannelSelection:
+    """GHOST-style balanced truncation of the state channels from forward passes (arXiv 2602.11408).
+
+    Balanced truncation keeps the states with the largest Hankel singular values sqrt(eig(P Q)), P and Q the
+    controllability and observability Gramians. Every family here updates each value head's state channel j as
+    s_t = a_t s_{t-1} + g_t k_t[j] u_t (a scalar decay a_t, an input gain g_t: dt for Mamba-2, beta for Gated
+    DeltaNet) and reads it with q_t[j], so the Gramians' diagonals are exact per token (`calibration.
+    accumulate_gramians`); with their off-diagonal terms dropped, channel j of value head v has
+    sigma_vj = sqrt(P_vj Q_vj), P and Q summed over the calibration tokens. A key channel is shared by the value
+    heads of its key head (a Mamba-2 B/C group), which all lose it: s_j = sum_v sigma_vj. Mode k keeps P
+    (controllability), mode q keeps Q (observability). Needs a per-head scalar decay: DeltaNet has none (its
+    state forgets only through the delta rule's erasure), so it cannot be served; for Gated DeltaNet and Qwen3.5
+    the erasure is left out of the Gramians."""
+    H, K = x.shape
+    return _top(ghost_scores(x.stats, H, K, x.mode, x.layer), x.keep)
+
+
+def taylor_scores(stats: LayerCalibration | None, H: int, K: int, mode: str = "kq", layer: int = 0) -> torch.Tensor:
+    """[H, K] float64 (see `select_taylor`)."""
+    hint = "taylor_*/fisher_*: run calibration with the taylor statistic"
+    get = functools.partial(_stat, stats, method="taylor", layer=layer, shape=(H, K), hint=hint)
+    if mode == "kq":
+        first = get("taylor_q") + get("taylor_k")
+        second = get("fisher_qq") + get("fisher_kk") + 2 * get("fisher_qk")
+    else:
+        first, second = get(f"taylor_{mode}"), get(f"fisher_{mode}{mode}")
+    return (0.5 * second - first).abs()
+
+
+@register_selector("taylor", needs={"taylor"})
+def select_taylor(x: SelectorInput) -> KeyChannelSelection:
+    """Second-order Taylor importance of removing key channel j (arXiv 2502.18886, "On Pruning SSM LLMs").
+
+    Removing channel j sets its q and k rows w_j (both in mode kq) to zero, delta = -w_j, so
+    dL ~= -g^T w_j + 1/2 w_j^T H w_j with g the gradient of the calibration loss and H its Hessian. H is replaced by
+    the empirical Fisher over the gradient batches b, F = sum_b (B_b / N) grad L_b grad L_b^T (per-window when a
+    gradient batch holds one window), which gives w_j^T F w_j = sum_b c_b u_bj^2 with u_bj = sum_i W[j, i]
+    dL_b'/dW[j, i] the batch's share of the gradient (`calibration.QKGradients`) and c_b = N / B_b. The score is
+    |dL| = |1/2 sum_b c_b u_bj^2 - sum_b u_bj|; in mode kq, u_bj sums the query and the key rows of channel j
+    (they are removed together). The conv filter of channel j is not part of the group (its gradient is not
+    collected)."""
+    H, K = x.shape
+    return _top(taylor_scores(x.stats, H, K, x.mode, x.layer), x.keep)

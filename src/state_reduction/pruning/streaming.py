@@ -28,8 +28,8 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from state_reduction.errors import InputError, UnsupportedError
-from state_reduction.pruning.calibration import (QKGradients, _accumulate_input, _accumulate_qk, check_finite,
-                                                 dynamics_hooks)
+from state_reduction.pruning.calibration import (GRADIENT_NEEDS, QKGradients, check_finite, count_tokens,
+                                                 gradient_statistics, resolve_needs, statistic_hooks)
 from state_reduction.pruning.types import KeyChannelAdapter, LayerCalibration
 
 
@@ -107,10 +107,12 @@ def mixer_blocks(blocks: nn.ModuleList, mixers) -> dict[int, object]:
 
 
 def calibrate_streaming(model, adapter: KeyChannelAdapter, windows: torch.Tensor, batch_size: int = 8,
-                        gradients: bool = False, device: torch.device | str | None = None,
+                        gradients: bool = False, device: torch.device | str | None = None, needs=None,
                         ) -> dict[int, LayerCalibration]:
-    """`calibrate(model, adapter, windows, batch_size, gradients)` with the model on its home device and one decoder
-    block at a time on `device` (default: the model's device, which streams activations only)."""
+    """`calibrate(model, adapter, windows, batch_size, gradients, needs)` with the model on its home device and one
+    decoder block at a time on `device` (default: the model's device, which streams activations only)."""
+    needs = resolve_needs(needs, gradients)
+    gradients = bool(needs & GRADIENT_NEEDS)
     mixers = list(adapter.mixers(model))
     if not mixers:
         raise InputError(f"calibration: no reducible mixers found in {type(model).__name__}")
@@ -121,20 +123,10 @@ def calibrate_streaming(model, adapter: KeyChannelAdapter, windows: torch.Tensor
     stats = {m.layer: LayerCalibration() for m in mixers}
     collecting = [True]  # off while Grad recomputes blocks: every token counts once
     handles = []
-
-    def on_qk(s, q, k):
-        if collecting[0]:
-            _accumulate_qk(s, q, k)
-
-    def on_input(s, x):
-        if collecting[0]:
-            _accumulate_input(s, x)
-
     for m in mixers:
-        s = stats[m.layer]
-        handles += adapter.add_hooks(m.module, on_qk=lambda q, k, s=s: on_qk(s, q, k),
-                                     on_input=lambda x, s=s: on_input(s, x))
-        handles += dynamics_hooks(adapter, m, s, windows.shape[1], active=lambda: collecting[0])
+        handles += statistic_hooks(adapter, m, stats[m.layer], needs, windows.shape[1], active=lambda: collecting[0])
+    if not needs:
+        return stats
     batches = [windows[i:i + batch_size] for i in range(0, windows.shape[0], batch_size)]
     was_training = model.training
     model.eval()
@@ -149,11 +141,10 @@ def calibrate_streaming(model, adapter: KeyChannelAdapter, windows: torch.Tensor
             model.to(device)  # everything but the blocks
         inputs, calls = _record_calls(model, adapter, blocks, batches, device, home)
         if gradients:
-            grads = QKGradients(adapter, mixers, home=home)
+            grads = QKGradients(adapter, mixers, home=home, taylor="taylor" in needs)
             _grad_pass(model, adapter, blocks, batches, inputs, calls, min(by_block), device, home,
                        windows.shape[0], collecting)
-            for m in mixers:
-                stats[m.layer].saliency_q, stats[m.layer].saliency_k = grads.saliency(m)
+            gradient_statistics(stats, grads, mixers, needs, [b.shape[0] for b in batches])
         else:
             _forward_pass(blocks, inputs, calls, max(by_block), device, home)
     finally:
@@ -165,6 +156,7 @@ def calibrate_streaming(model, adapter: KeyChannelAdapter, windows: torch.Tensor
             p.requires_grad_(r)
             p.grad = None
         model.train(was_training)
+    count_tokens(stats, needs, windows)
     check_finite(stats)
     return stats
 

@@ -48,6 +48,22 @@ class LayerCalibration:
     gain_sq: torch.Tensor | None = None  # [H] float64: sum_t g_t^2 of the input gain (dt or beta; None: g = 1)
     horizon: int | None = None  # calibration window length (tokens): the energy selector's horizon
     qk_l2_normalised: bool | None = None  # the kernel L2-normalises q and k (energy reads sum_qq/sum_kk then)
+    # thinK: sums over calibration windows w of ||Q_w[:, j]||_2 ||K_w[:, j]||_2, ||Q_w[:, j]||_2, ||K_w[:, j]||_2
+    # of the q/k the kernel sees (L2-normalised where it normalises them); [H, K] float64 each
+    window_norm_qk: torch.Tensor | None = None
+    window_norm_q: torch.Tensor | None = None
+    window_norm_k: torch.Tensor | None = None
+    # ghost: sums over tokens of the diagonal time-varying controllability / observability Gramians of every
+    # value head's state channels, [H_v, K] float64 (calibration.accumulate_gramians)
+    gramian_ctrl: torch.Tensor | None = None
+    gramian_obs: torch.Tensor | None = None
+    # taylor: u_b[j] = sum_i W[j, i] dL_b/dW[j, i] per gradient batch b; taylor_* = sum_b u_b (first order),
+    # fisher_* = sum_b c_b u_b u_b' with c_b = N / B_b (the batch-level empirical Fisher); [H, K] float64 each
+    taylor_q: torch.Tensor | None = None
+    taylor_k: torch.Tensor | None = None
+    fisher_qq: torch.Tensor | None = None
+    fisher_kk: torch.Tensor | None = None
+    fisher_qk: torch.Tensor | None = None
     extra: dict = field(default_factory=dict)
 
 
