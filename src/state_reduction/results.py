@@ -36,6 +36,7 @@ import torch
 
 from state_reduction.atomic import check_output, remove_stale, write_json_atomic
 from state_reduction.errors import Error, InputError, MissingInputError
+from state_reduction.hashing import config_key
 from state_reduction.provenance import REPO_ROOT, collect_provenance
 
 SCHEMA = "state-reduction/result"
@@ -54,10 +55,6 @@ def results_dir(profile: str, experiment: str, root: str | Path | None = None) -
     if profile not in PROFILES:
         raise InputError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     return Path(root or REPO_ROOT / "results") / profile / experiment
-
-
-def config_key(config: dict) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def weights_sha256(model_dir: str | Path) -> str:

@@ -385,7 +385,7 @@ class ShedConfig:
         check_output(self.out, directory=True, overwrite=self.overwrite)
 
     def search_key(self, weights_sha256: str) -> str:
-        from state_reduction.results import config_key
+        from state_reduction.hashing import config_key
 
         keys = ("target", "search", "group_size", "calib", "n_calib", "seq_len", "seed", "steps")
         return config_key({"weights_sha256": weights_sha256, **{k: getattr(self, k) for k in keys}})

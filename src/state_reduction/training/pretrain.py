@@ -15,7 +15,6 @@ pure function of (seed, s), so a resumed run sees exactly the data an uninterrup
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import time
@@ -30,6 +29,7 @@ from tqdm.auto import tqdm
 from state_reduction.atomic import save_torch_atomic, write_json_atomic, write_text_atomic
 from state_reduction.checkpoints import save_model_atomic
 from state_reduction.errors import InputError
+from state_reduction.hashing import config_key
 from state_reduction.models import build_model, get_family
 from state_reduction.provenance import collect_provenance
 
@@ -87,7 +87,7 @@ class PretrainConfig:
     def hash(self) -> str:
         """Identity of the run: everything but the thread count."""
         d = {k: v for k, v in self.to_dict().items() if k != "threads"}
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        return config_key(d)
 
 
 MQAR_KEYS = ("batch", "min_pairs", "max_pairs", "vocab", "eval_pairs", "text_weight")
