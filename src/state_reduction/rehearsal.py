@@ -132,8 +132,7 @@ def _predicted_prune(config, cfg: RehearsalConfig, method: str, streamed: bool) 
 
 
 def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int | None = None):
-    from state_reduction.devices import host_peak_rss_bytes
-    from state_reduction.pruning.memory import HeapPeak
+    from state_reduction.peak_memory import HeapPeak, cuda_peak_bytes, host_peak_rss_bytes
 
     gc.collect()
     cuda = torch.cuda.is_available()
@@ -152,7 +151,7 @@ def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int
     row = {"model": model, "stage": stage, "what": what, "ok": error is None, "error": error,
            "wall_s": round(time.perf_counter() - t0, 2), "heap_peak_bytes": int(peak.peak),
            "process_peak_rss_bytes": host_peak_rss_bytes(), "predicted_bytes": predicted,
-           "cuda_peak_bytes": int(torch.cuda.max_memory_allocated()) if cuda else None}
+           "cuda_peak_bytes": cuda_peak_bytes() if cuda else None}
     measured = row["cuda_peak_bytes"] if cuda else peak.peak  # what the plan predicts: the compute device's peak
     if predicted is not None and measured:
         row["predicted_off"] = round((predicted - measured) / measured, 3)

@@ -14,7 +14,8 @@ from state_reduction.cli import build_parser, main
 from state_reduction.models import build_model
 from state_reduction.pruning.adapters import get_adapter
 from state_reduction.pruning.calibration import calibrate
-from state_reduction.pruning.memory import ARCHITECTURES, HeapPeak, build_config, plan
+from state_reduction.peak_memory import HeapPeak
+from state_reduction.pruning.memory import ARCHITECTURES, build_config, plan
 from state_reduction.pruning.streaming import calibrate_streaming
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,7 +136,7 @@ def test_grad_plan_of_a_full_width_block_is_within_25_percent_of_the_measured_he
     from state_reduction.models.registry import build_model
     from state_reduction.pruning.adapters import get_adapter
     from state_reduction.pruning.calibration import calibrate
-    from state_reduction.pruning.memory import HeapPeak, build_config, plan
+    from state_reduction.pruning.memory import build_config, plan
     from state_reduction.speed.models import PRESETS
 
     install_cpu_backend()

@@ -81,10 +81,9 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     from state_reduction.devices import (
         checkpoint_dtype,
         compute_dtype,
-        host_peak_rss_bytes,
-        peak_memory_bytes,
         resolve_device,
     )
+    from state_reduction.peak_memory import host_peak_rss_bytes, peak_memory_bytes
 
     cfg.validate()
     t0 = time.time()

@@ -410,7 +410,8 @@ def shed(cfg: ShedConfig) -> dict:
     from state_reduction.atomic import write_json_atomic
     from state_reduction.provenance import collect_provenance
     from state_reduction.pruning.adapters import get_adapter
-    from state_reduction.devices import peak_memory_bytes, resolve_device
+    from state_reduction.devices import resolve_device
+    from state_reduction.peak_memory import peak_memory_bytes
     from state_reduction.results import weights_sha256
 
     cfg.validate()
