@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
+from state_reduction import tracking, wandb_workspace
 from state_reduction.errors import InputError
 from state_reduction.options import length_int, positive_int
 from state_reduction.provenance import REPO_ROOT, TINY_CHECKPOINTS, TINY_MODELS_DIR
@@ -15,7 +17,7 @@ from state_reduction.provenance import REPO_ROOT, TINY_CHECKPOINTS, TINY_MODELS_
 # Subcommands defined next to their code: each module has register(subparsers), which adds its parsers
 # with set_defaults(func=handler). Append a module here to add a subcommand.
 SUBCOMMAND_MODULES: list[str] = ["state_reduction.speed.cli", "state_reduction.rft.cli", "state_reduction.analysis.cli",
-                                 "state_reduction.pruning.memory", "state_reduction.slurm", "state_reduction.tracking",
+                                 "state_reduction.pruning.memory", "state_reduction.slurm",
                                  "state_reduction.claims", "state_reduction.rehearsal", "state_reduction.prefetch"]
 
 
@@ -166,6 +168,47 @@ def _cmd_run_table(args) -> int:
     return 0
 
 
+def _cmd_wandb(args) -> int:
+    try:
+        if args.wandb_command == "mirror":
+            done = tracking.mirror_missing(args.profile, args.results_root, args.experiment, args.mode)
+            print(f"mirrored {len(done)} results to wandb ({tracking.wandb_mode(args.mode)}) in "
+                  f"{tracking.wandb_dir(args.profile, args.results_root)}")
+        elif args.wandb_command == "sync":
+            tracking.mirror_missing(args.profile, args.results_root, None, "offline")
+            return tracking.sync(args.profile, args.results_root)
+        elif args.wandb_command == "show":
+            print(json.dumps(tracking.read_offline_run(args.run_dir), indent=1, default=str))
+        elif args.wandb_command == "workspace":
+            if args.print:
+                print(json.dumps(wandb_workspace.PANELS, indent=1))
+            else:
+                print(f"created {wandb_workspace.create(args.entity, args.project)}")
+    except tracking.TrackingError as e:
+        print(f"state-reduction wandb {args.wandb_command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _register_wandb(subparsers) -> None:
+    p = subparsers.add_parser("wandb", help="mirror results to wandb (offline by default), sync, dashboard")
+    sub = p.add_subparsers(dest="wandb_command", required=True)
+    m = sub.add_parser("mirror", help="log every result file that has no wandb run yet")
+    m.add_argument("--experiment", default=None)
+    m.add_argument("--mode", choices=tracking.MODES, default=None, help="default: $WANDB_MODE, else offline")
+    s = sub.add_parser("sync", help="mirror what is missing, then upload the offline runs (needs wandb login)")
+    for q in (m, s):
+        q.add_argument("--profile", default="tiny", choices=["tiny", "paper"])
+        q.add_argument("--results-root", default=None)
+    sh = sub.add_parser("show", help="print what an offline run folder recorded")
+    sh.add_argument("run_dir")
+    w = sub.add_parser("workspace", help="create the dashboard (workspace) in wandb; --print: its panels, offline")
+    w.add_argument("--entity", default=None, help="default: $WANDB_ENTITY")
+    w.add_argument("--project", default=os.environ.get("WANDB_PROJECT", tracking.PROJECT))
+    w.add_argument("--print", action="store_true")
+    p.set_defaults(func=_cmd_wandb)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line naming the option, exit 2 (as every other expected failure)."""
 
@@ -266,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replicate seeds (default: the table's `seeds:`, else one); each seed draws the calibration "
                         "data and drives the RFT run; the tables show mean ± 95%% CI over them")
     b.set_defaults(func=_cmd_run_table)
+    _register_wandb(sub)
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)
     return p
