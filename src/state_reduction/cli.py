@@ -20,7 +20,7 @@ from state_reduction.pruning.shed import ShedConfig
 # Subcommands defined next to their code: each module has register(subparsers), which adds its parsers
 # with set_defaults(func=handler). Append a module here to add a subcommand.
 SUBCOMMAND_MODULES: list[str] = ["state_reduction.speed.cli", "state_reduction.rft.cli", "state_reduction.analysis.cli",
-                                 "state_reduction.pruning.memory", "state_reduction.slurm",
+                                 "state_reduction.pruning.memory_plan", "state_reduction.slurm",
                                  "state_reduction.claims", "state_reduction.rehearsal", "state_reduction.prefetch"]
 
 

@@ -115,7 +115,7 @@ def _predicted_prune(config, cfg: RehearsalConfig, method: str, streamed: bool) 
     """memory-plan's bytes for one prune on the CPU (fp32 weights): the calibration peak (weights included);
     the weights alone for the weight-only selectors. Streamed on the CPU, home and device are one memory: the
     host plan plus the device plan less the weights the device plan counts again."""
-    from state_reduction.pruning.memory import plan
+    from state_reduction.pruning.memory_plan import plan
     from state_reduction.pruning.prune import NEEDS_CALIBRATION, NEEDS_GRADIENTS
 
     cuda = torch.cuda.is_available()  # prune computes on the GPU when present, in the checkpoint's bf16

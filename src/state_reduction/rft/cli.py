@@ -60,7 +60,7 @@ def _cmd_rft(args) -> int:
 def _cmd_bench_rft(args) -> int:
     from state_reduction.provenance import REPO_ROOT
     from state_reduction.results import build_result, write_result
-    from state_reduction.rft.bench import bench_rft, format_rft_bench
+    from state_reduction.rft.throughput import bench_rft, format_rft_bench
 
     config = {"families": args.families, "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
               "method": "l1", "ratio": 0.5, "threads": 1, "device": "cpu"}

@@ -52,7 +52,7 @@ def bench_calibration(model_path: str, sizes=(8, 32, 128, 512), seq_len: int = 2
                       corpus: str = "books", seed: int = 0) -> list[dict]:
     rows = []
     for n in sizes:
-        code = ("import json,sys; from state_reduction.bench import calibration_point; "
+        code = ("import json,sys; from state_reduction.pruning.calibration_cost import calibration_point; "
                 f"print('BENCH ' + json.dumps(calibration_point({model_path!r}, {n}, {seq_len}, {batch_size}, "
                 f"{corpus!r}, {seed})))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -38,7 +38,7 @@ def bench_rft(families, checkpoints: Path, steps: int = 5, batch_size: int = 4, 
             pruned = str(Path(tmp) / f"{family}-{method}")
             prune(PruneConfig(model=dense, method=method, ratio=ratio, out=pruned))
             for teacher in (dense, None):
-                code = ("import json; from state_reduction.rft.bench import rft_point; "
+                code = ("import json; from state_reduction.rft.throughput import rft_point; "
                         f"print('BENCH ' + json.dumps(rft_point({pruned!r}, {teacher!r}, {str(Path(tmp) / 'run')!r}, "
                         f"{steps}, {batch_size}, {seq_len})))")
                 proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
