@@ -149,3 +149,29 @@ def load_tokenizer(path: str, what: str = "model"):
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return " ".join(text.splitlines()[0].split()) if text else ""
+
+
+class RunStateError(InputError):
+    """A training run's resumable state that cannot be resumed (damaged, foreign, or of another config)."""
+
+
+def load_run_state(path: str | os.PathLike, config_hash: str, keys: tuple[str, ...], what: str,
+                   hint: str) -> dict:
+    """The resumable state a training loop saved at `path` (through `atomic.save_torch_atomic`), checked: it loads,
+    holds `keys` and was written by the config whose hash is `config_hash`. Every failure is a `RunStateError`
+    naming `what` (the run), the file and `hint` (how to start over)."""
+    import torch
+
+    path = Path(path)
+    try:
+        state = torch.load(path, weights_only=False, map_location="cpu")
+    except Exception as e:  # torch.load raises many types for damaged files (EOFError, RuntimeError, UnpicklingError)
+        raise RunStateError(f"{what} state {path} is damaged: {type(e).__name__}: {_first_line(e)[:200]}",
+                            hint=hint) from None
+    missing = [k for k in ("config_hash", *keys) if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise RunStateError(f"{what} state {path} is not one this code wrote (lacks {', '.join(missing)})", hint=hint)
+    if state["config_hash"] != config_hash:
+        raise RunStateError(f"{what} state {path} belongs to another config (hash {state['config_hash']} != "
+                            f"{config_hash})", hint=hint)
+    return state

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from state_reduction.checkpoints import RunStateError
 from state_reduction.models import build_model
 from state_reduction.training.pretrain import PretrainConfig, batch_indices, lr_factor, train, unigram_nll, window_nll
 
@@ -57,7 +58,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
 def test_resume_refuses_a_state_from_another_config(tmp_path):
     windows = torch.randint(0, 64, (24, 16))
     train(build_model("mamba2", MAMBA2), windows, _cfg(), tmp_path, stop_at=2)
-    with pytest.raises(RuntimeError, match="another config"):
+    with pytest.raises(RunStateError, match="another config"):
         train(build_model("mamba2", MAMBA2), windows, _cfg(lr=5e-3), tmp_path)
 
 
@@ -112,6 +113,15 @@ def test_mqar_mixture_resumes_bit_for_bit_and_scores_only_recalled_values(tmp_pa
     assert loss.item() == pytest.approx(expect_text.item() + expect_mqar.item(), rel=1e-5)
     weighted, _ = mixed_mqar_loss(model, text, step=5, cfg=_cfg(mqar={**MQAR, "text_weight": 0.1}))
     assert weighted.item() == pytest.approx(0.1 * expect_text.item() + expect_mqar.item(), rel=1e-5)
+    # the curriculum: MQAR alone before `text_from_step`, the weighted mixture from it on
+    curriculum = _cfg(mqar={**MQAR, "text_weight": 0.1, "text_from_step": 6})
+    before, _ = mixed_mqar_loss(model, text, step=5, cfg=curriculum)
+    assert before.item() == pytest.approx(expect_mqar.item(), rel=1e-5)
+    ids6, labels6 = mqar_training_batch(6, curriculum)
+    with torch.no_grad():
+        expect_mqar6 = model(input_ids=ids6, labels=labels6).loss
+    from_step, _ = mixed_mqar_loss(model, text, step=6, cfg=curriculum)
+    assert from_step.item() == pytest.approx(0.1 * expect_text.item() + expect_mqar6.item(), rel=1e-5)
 
 
 def test_unknown_mqar_keys_are_named(tmp_path):

@@ -22,6 +22,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from state_reduction.atomic import publish_folder, save_torch_atomic, write_json_atomic
+from state_reduction.checkpoints import load_run_state
 from state_reduction.hashing import config_key
 from state_reduction.provenance import collect_provenance
 from state_reduction.ssm.listops import N_CLASSES, VOCAB_SIZE, ListOpsSpec, generate, verify
@@ -135,10 +136,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, run_dir: str | Path, log=print)
     state_path = run_dir / "state.pt"
     step, history, elapsed = 0, [], 0.0
     if state_path.exists():
-        state = torch.load(state_path, weights_only=False)
-        if state["config_hash"] != cfg.hash():
-            raise ValueError(f"{state_path}: saved by config {state['config_hash']}, this run is {cfg.hash()}; "
-                             f"delete {run_dir} to start over")
+        state = load_run_state(state_path, cfg.hash(), ("model", "optimizer", "rng", "step", "history", "elapsed_s"),
+                               "S5 training run", hint=f"delete {run_dir} to start over")
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
@@ -162,7 +161,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, run_dir: str | Path, log=print)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             entry["val_acc"] = accuracy(model, *val_t)
             model.train()
-            log(f"step {step} loss {float(loss):.4f} val_acc {entry['val_acc']:.4f} ({time.perf_counter() - t0:.0f} s)")
+            log(f"step {step} loss {loss.item():.4f} val_acc {entry['val_acc']:.4f} ({time.perf_counter() - t0:.0f} s)")
         history.append(entry)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             save_torch_atomic(state_path, {"config_hash": cfg.hash(), "model": model.state_dict(),

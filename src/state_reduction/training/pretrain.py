@@ -5,7 +5,10 @@ A config with an `mqar` section trains on a mixture: each step's batch holds `ba
 function of (seed, step); the loss is `mqar.text_weight` (default 1) times the text tokens' mean cross-entropy
 plus the recalled values' mean cross-entropy (Zoology scores only the values of the queries). A small text weight
 matters: with gradient clipping, the text gradient otherwise dominates the clipped norm and MQAR stays on its
-plateau (measured: deltanet_mqar at weight 1 was still at chance, 2.78 nats, after 700 steps).
+plateau (measured: deltanet_mqar at weight 1 was still at chance, 2.78 nats, after 700 steps). `mqar.text_from_step`
+(default 0) trains on MQAR alone before that step, a curriculum: the delta-rule models leave the MQAR plateau only
+without the text loss (measured: deltanet_mqar at weight 0.02 stayed at 2.78 nats for 1000 steps; MQAR alone left it
+at about step 250).
 
 A run keeps its state in `run_dir` (model, optimiser, scheduler, RNG, step) and writes it atomically
 every `checkpoint_every` steps, so a killed run resumes where it stopped. The batch of step `s` is a
@@ -27,6 +30,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from state_reduction.atomic import save_torch_atomic, write_json_atomic, write_text_atomic
+from state_reduction.checkpoints import load_run_state
 from state_reduction.checkpoints import save_model_atomic
 from state_reduction.errors import InputError
 from state_reduction.hashing import config_key
@@ -90,7 +94,7 @@ class PretrainConfig:
         return config_key(d)
 
 
-MQAR_KEYS = ("batch", "min_pairs", "max_pairs", "vocab", "eval_pairs", "text_weight")
+MQAR_KEYS = ("batch", "min_pairs", "max_pairs", "vocab", "eval_pairs", "text_weight", "text_from_step")
 
 
 def _check_mqar_section(path, section: dict) -> None:
@@ -231,10 +235,8 @@ def train(model, windows: torch.Tensor, cfg: PretrainConfig, run_dir: Path, devi
     log_path = run_dir / "log.jsonl"
     step, wall_before = 0, 0.0
     if resume and state_path.exists():
-        state = torch.load(state_path, weights_only=False)
-        if state["config_hash"] != cfg.hash():
-            raise RuntimeError(f"{state_path} belongs to another config (hash {state['config_hash']} != {cfg.hash()}); "
-                               f"delete {run_dir} or pass --no-resume")
+        state = load_run_state(state_path, cfg.hash(), ("step", "model", "optimizer", "scheduler", "rng", "wall_s"),
+                               f"pretraining run {cfg.name}", hint=f"delete {run_dir} or pass --no-resume")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -296,7 +298,7 @@ def mqar_training_batch(step: int, cfg: PretrainConfig) -> tuple[torch.Tensor, t
 
 def mixed_mqar_loss(model, text: torch.Tensor, step: int, cfg: PretrainConfig) -> tuple[torch.Tensor, dict]:
     """`text_weight` x mean next-token CE over `text` [B, T] plus mean CE over the recalled values of the step's MQAR
-    batch.
+    batch; before step `text_from_step` the text weight is 0 (MQAR alone).
 
     One backbone forward over both; the LM head runs only where a position is scored (all text positions, the
     queried keys of MQAR), which keeps an 8192-token head cheap on MQAR rows."""
@@ -312,7 +314,8 @@ def mixed_mqar_loss(model, text: torch.Tensor, step: int, cfg: PretrainConfig) -
     targets = mqar_labels[:, 1:].to(text.device)
     scored = targets != IGNORE_INDEX
     loss_mqar = torch.nn.functional.cross_entropy(head(hidden[b:, :-1][scored]).float(), targets[scored])
-    loss = cfg.mqar.get("text_weight", 1.0) * loss_text + loss_mqar
+    text_weight = cfg.mqar.get("text_weight", 1.0) if step >= cfg.mqar.get("text_from_step", 0) else 0.0
+    loss = text_weight * loss_text + loss_mqar
     return loss, {"loss_text": loss_text.item(), "loss_mqar": loss_mqar.item()}
 
 
