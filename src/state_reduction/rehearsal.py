@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from state_reduction.atomic import write_json_atomic, write_text_atomic
 from state_reduction.errors import InputError
 from state_reduction.provenance import REPO_ROOT, TINY_MODELS_DIR
 
@@ -158,7 +159,7 @@ def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int
         row["flagged"] = abs(row["predicted_off"]) > FLAG_OFF
     rows.append(row)
     if _PARTIAL[0] is not None:
-        _PARTIAL[0].write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+        write_json_atomic(_PARTIAL[0], {"rows": rows})
     status = "ok" if error is None else f"FAILED {error}"
     print(f"[rehearse] {model} {stage} {what}: {status} ({row['wall_s']} s, heap {peak.peak / 2**20:.0f} MiB"
           + (f", plan {predicted / 2**20:.0f} MiB" if predicted is not None else "") + ")", flush=True)
@@ -274,7 +275,7 @@ def rehearse(cfg: RehearsalConfig) -> dict:
     record = {"config": asdict(cfg), "device": str(resolve_device(None)), "rows": rows,
               "all_ok": all(r["ok"] for r in rows), "flagged": sum(bool(r.get("flagged")) for r in rows),
               "wall_time_s": round(time.time() - t0, 1)}
-    (work / "rehearsal.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_json_atomic(work / "rehearsal.json", record)
     return record
 
 
@@ -332,7 +333,7 @@ def write_readme(readme: Path, *, profile: str = "paper", results_root=None) -> 
                       f"off by > 25%; largest heap peak {m['max_heap_peak_bytes'] / 2**30:.2f} GiB\n\n"
                       + summary_table({"rows": r["extra"]["rows"]}))
     body = "\n\n".join(blocks) or "(no rehearsal results yet: `make rehearsal`)"
-    readme.write_text(text[:text.index(begin)] + f"{begin}\n{body}\n{end}" + text[text.index(end) + len(end):])
+    write_text_atomic(readme, text[:text.index(begin)] + f"{begin}\n{body}\n{end}" + text[text.index(end) + len(end):])
 
 
 def _cmd_rehearse(args) -> int:
