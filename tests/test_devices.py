@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from state_reduction import devices
+from state_reduction import devices, peak_memory
 
 
 def test_auto_is_the_gpu_when_torch_sees_one(monkeypatch):
@@ -29,10 +29,13 @@ def test_a_cpu_computes_in_fp32_a_gpu_in_the_checkpoints_dtype():
 def test_cpu_work_reads_the_host_peak_even_where_cuda_exists(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 0)
-    rss = devices.host_peak_rss_bytes()
+    rss = peak_memory.host_peak_rss_bytes()
     assert rss > 50 * 2**20  # torch alone is larger
-    assert devices.peak_memory_bytes("cpu") >= rss
-    assert devices.peak_memory_bytes("cuda") == 0  # a CUDA device reads the allocator
+    assert peak_memory.peak_memory_bytes("cpu") >= rss
+    assert peak_memory.peak_memory_bytes("cuda") == 0  # a CUDA device reads the allocator
+    peaks = peak_memory.process_peaks()  # what a result records
+    assert peaks["cuda_bytes"] == 0 and peaks["rss_bytes"] >= rss
+    assert peak_memory.host_rss_bytes() > 50 * 2**20  # the current RSS (ru_maxrss may lag it by a page or so)
 
 
 def test_checkpoint_dtype_reads_the_config():

@@ -30,3 +30,11 @@ def test_a_foreign_project_is_not_taken_for_a_clone(tmp_path, monkeypatch):
 def test_the_environment_variable_names_the_root(tmp_path, monkeypatch):
     monkeypatch.setenv("STATE_REDUCTION_ROOT", str(tmp_path))
     assert project_root(PACKAGE_ROOT) == tmp_path.resolve()
+
+
+def test_an_installed_wheel_outside_any_clone_works_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("STATE_REDUCTION_ROOT", raising=False)
+    site_packages = tmp_path / "venv" / "lib" / "python3" / "site-packages"
+    site_packages.mkdir(parents=True)
+    (tmp_path / "work").mkdir()
+    assert project_root(tmp_path / "work", package_root=site_packages.parent.parent) == tmp_path / "work"

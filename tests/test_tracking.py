@@ -153,3 +153,16 @@ def test_reading_a_folder_that_is_no_run_is_an_error(tmp_path):
     (tmp_path / "run-x.wandb").write_bytes(b"garbage")
     with pytest.raises(tracking.TrackingError, match="not a wandb transaction log"):
         tracking.read_offline_run(tmp_path)
+
+
+def test_the_wandb_command_prints_panels_and_names_a_bad_run_folder(tmp_path, capsys):
+    import json
+
+    from state_reduction.cli import main
+    from state_reduction.wandb_workspace import PANELS
+
+    assert main(["wandb", "workspace", "--print"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(PANELS))
+    assert main(["wandb", "show", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("state-reduction wandb show: error:") and "no run-*.wandb file" in err and "\n" not in err

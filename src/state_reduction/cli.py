@@ -5,17 +5,22 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
+from state_reduction import tracking, wandb_workspace
 from state_reduction.errors import InputError
-from state_reduction.options import length_int, positive_int
+from state_reduction.evaluation.run import EvaluateConfig
+from state_reduction.options import add_config_options, config_from_args, positive_int
 from state_reduction.provenance import REPO_ROOT, TINY_CHECKPOINTS, TINY_MODELS_DIR
+from state_reduction.pruning.prune import PruneConfig
+from state_reduction.pruning.shed import ShedConfig
 
 # Subcommands defined next to their code: each module has register(subparsers), which adds its parsers
 # with set_defaults(func=handler). Append a module here to add a subcommand.
 SUBCOMMAND_MODULES: list[str] = ["state_reduction.speed.cli", "state_reduction.rft.cli", "state_reduction.analysis.cli",
-                                 "state_reduction.pruning.memory", "state_reduction.slurm", "state_reduction.tracking",
+                                 "state_reduction.pruning.memory_plan", "state_reduction.slurm",
                                  "state_reduction.claims", "state_reduction.rehearsal", "state_reduction.prefetch"]
 
 
@@ -61,16 +66,13 @@ def _cmd_pretrain(args) -> int:
 
 
 def _cmd_shed(args) -> int:
-    from state_reduction.pruning.shed import ShedConfig, shed, shed_result
+    from state_reduction.pruning.shed import shed, shed_result
     from state_reduction.results import write_result
 
     if args.target is None or args.steps is None:
         raise InputError(f"--method {args.method} removes structures: it needs --target (block, mixer, mlp, "
                          f"mlp-channels) and --steps N, got --target {args.target}, --steps {args.steps}")
-    record = shed(ShedConfig(
-        model=args.model, target=args.target, steps=args.steps, out=args.out, search=args.search,
-        group_size=args.group_size, calib=args.calib, n_calib=args.n_calib, seq_len=args.seq_len, seed=args.seed,
-        batch_size=args.batch_size, overwrite=args.overwrite, data_dir=args.data_dir, device=args.device))
+    record = shed(config_from_args(ShedConfig, args))
     b, a = record["costs"]["before"], record["costs"]["after"]
     ppl = record["calibration_ppl"]
     print(f"{record['model_type']}: shed ({args.search}) removed {', '.join(record['removed'])}; parameters "
@@ -85,7 +87,7 @@ def _cmd_shed(args) -> int:
 
 def _cmd_prune(args) -> int:
     from state_reduction.checkpoints import check_checkpoint_files
-    from state_reduction.pruning.prune import PruneConfig, prune, prune_result
+    from state_reduction.pruning.prune import prune, prune_result
     from state_reduction.pruning.shed import STRUCTURE_METHODS
     from state_reduction.results import write_result
 
@@ -93,11 +95,7 @@ def _cmd_prune(args) -> int:
         return _cmd_shed(args)
     if args.ratio is None:
         raise InputError(f"--method {args.method} removes key channels: it needs --ratio (fraction removed, in [0, 1))")
-    cfg = PruneConfig(
-        model=args.model, method=args.method, ratio=args.ratio, out=args.out, select=args.select,
-        calib=args.calib, n_calib=args.n_calib, seq_len=args.seq_len, seed=args.seed,
-        batch_size=args.batch_size, multiple=args.multiple, power_of_two=args.power_of_two, overwrite=args.overwrite,
-        data_dir=args.data_dir, stream_layers=args.stream_layers, device=args.device)
+    cfg = config_from_args(PruneConfig, args)
     cfg.validate()
     if args.profile == "tiny":  # the tiny profile reads local checkpoints only; a missing one is no hub id
         check_checkpoint_files(args.model)
@@ -123,19 +121,18 @@ def _cmd_evaluate(args) -> int:
 
     from state_reduction.devices import resolve_device
 
-    _suite_table(args.suite)  # an unknown suite fails before the model loads
+    cfg = config_from_args(EvaluateConfig, args)
+    _suite_table(cfg.suite)  # an unknown suite fails before the model loads
     check_result_path(args.out)  # and an output that cannot be written
-    device = resolve_device(args.device)
+    device = resolve_device(cfg.device)
     install_cpu_backend()
     with measure() as m:
-        model, tokenizer = load_causal_lm(args.model, device, max_length=args.max_length)
-        result = evaluate(model, tokenizer, suite=args.suite, batch_size=args.batch_size,
-                          max_length=args.max_length, limit=args.limit, data_dir=args.data_dir)
-    config = {"model": args.model, "suite": args.suite, "batch_size": args.batch_size,
-              "max_length": args.max_length, "limit": args.limit, "device": str(device)}
+        model, tokenizer = load_causal_lm(cfg.model, device, max_length=cfg.max_length)
+        result = evaluate(model, tokenizer, suite=cfg.suite, batch_size=cfg.batch_size,
+                          max_length=cfg.max_length, limit=cfg.limit, data_dir=cfg.data_dir)
     record = build_result(
-        "evaluate", profile="paper" if args.suite in HUB_SUITES else "tiny", experiment=args.experiment,
-        config=config, metrics=result["metrics"], model=model_entry(args.model),
+        "evaluate", profile="paper" if cfg.suite in HUB_SUITES else "tiny", experiment=args.experiment,
+        config=cfg.result_config(device), metrics=result["metrics"], model=model_entry(cfg.model),
         data={t: d["sha256"] for t, d in result["data"].items() if d}, wall_time_s=m["wall_time_s"],
         extra={k: result[k] for k in ("suite", "tasks", "n_examples", "tokenizer", "lm_eval_version", "vocab") if k in result}
         | {"data_files": result["data"]})
@@ -166,19 +163,52 @@ def _cmd_run_table(args) -> int:
     return 0
 
 
+def _cmd_wandb(args) -> int:
+    try:
+        if args.wandb_command == "mirror":
+            done = tracking.mirror_missing(args.profile, args.results_root, args.experiment, args.mode)
+            print(f"mirrored {len(done)} results to wandb ({tracking.wandb_mode(args.mode)}) in "
+                  f"{tracking.wandb_dir(args.profile, args.results_root)}")
+        elif args.wandb_command == "sync":
+            tracking.mirror_missing(args.profile, args.results_root, None, "offline")
+            return tracking.sync(args.profile, args.results_root)
+        elif args.wandb_command == "show":
+            print(json.dumps(tracking.read_offline_run(args.run_dir), indent=1, default=str))
+        elif args.wandb_command == "workspace":
+            if args.print:
+                print(json.dumps(wandb_workspace.PANELS, indent=1))
+            else:
+                print(f"created {wandb_workspace.create(args.entity, args.project)}")
+    except tracking.TrackingError as e:
+        print(f"state-reduction wandb {args.wandb_command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _register_wandb(subparsers) -> None:
+    p = subparsers.add_parser("wandb", help="mirror results to wandb (offline by default), sync, dashboard")
+    sub = p.add_subparsers(dest="wandb_command", required=True)
+    m = sub.add_parser("mirror", help="log every result file that has no wandb run yet")
+    m.add_argument("--experiment", default=None)
+    m.add_argument("--mode", choices=tracking.MODES, default=None, help="default: $WANDB_MODE, else offline")
+    s = sub.add_parser("sync", help="mirror what is missing, then upload the offline runs (needs wandb login)")
+    for q in (m, s):
+        q.add_argument("--profile", default="tiny", choices=["tiny", "paper"])
+        q.add_argument("--results-root", default=None)
+    sh = sub.add_parser("show", help="print what an offline run folder recorded")
+    sh.add_argument("run_dir")
+    w = sub.add_parser("workspace", help="create the dashboard (workspace) in wandb; --print: its panels, offline")
+    w.add_argument("--entity", default=None, help="default: $WANDB_ENTITY")
+    w.add_argument("--project", default=os.environ.get("WANDB_PROJECT", tracking.PROJECT))
+    w.add_argument("--print", action="store_true")
+    p.set_defaults(func=_cmd_wandb)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line naming the option, exit 2 (as every other expected failure)."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
-
-
-def _limit(text: str) -> int | float:
-    """lm-eval's --limit: a count of examples per task, or a fraction when below 1."""
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"--limit must be positive, got {text}")
-    return value if value < 1 else int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,45 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_pretrain)
 
     pr = sub.add_parser("prune", help="remove key channels per head (state reduction) and save the smaller model")
-    pr.add_argument("model", help="checkpoint directory (or hub id on the paper profile)")
-    pr.add_argument("--method", required=True,
-                    help="key channels: rand, l1, wanda, grad, drrqr, pca, pca-adv, energy; structures: shed (Mamba-Shedder)")
-    pr.add_argument("--ratio", type=float, default=None,
-                    help="fraction of key channels removed, in [0, 1) (key-channel methods)")
-    pr.add_argument("--target", default=None, help="shed: block, mixer, mlp or mlp-channels")
-    pr.add_argument("--steps", type=positive_int, default=None, help="shed: structures removed (one per greedy step)")
-    pr.add_argument("--search", default="greedy", help="shed: greedy (re-score every step) or one-shot")
-    pr.add_argument("--group-size", type=positive_int, default=64, help="shed --target mlp-channels: channels per group")
-    pr.add_argument("--select", default="kq", help="coupled selection: kq (default), k or q (Table 16)")
-    pr.add_argument("--calib", default="ptb", help="calibration corpus (its calibration stream)")
-    pr.add_argument("--n-calib", type=positive_int, default=32, help="calibration sequences")
-    pr.add_argument("--seq-len", type=length_int, default=256)
-    pr.add_argument("--seed", type=int, default=0)
-    pr.add_argument("--batch-size", type=positive_int, default=8)
-    pr.add_argument("--multiple", type=positive_int, default=None, help="round kept channels down to a multiple (kernels)")
-    pr.add_argument("--power-of-two", action="store_true",
-                    help="round kept channels down to a power of two (fla pads K to one on GPU)")
-    pr.add_argument("--stream-layers", action="store_true",
-                    help="calibrate one decoder block at a time on --device (7B-9B models; same selections)")
-    pr.add_argument("--device", default=None, help="calibration device: auto (default: the GPU when present, else "
-                    "the CPU), cpu, cuda")
-    pr.add_argument("--out", required=True)
-    pr.add_argument("--overwrite", action="store_true")
+    add_config_options(pr, PruneConfig, positional=["model"], optional=["ratio"])
+    add_config_options(pr, ShedConfig, optional=["target", "steps"])
     pr.add_argument("--experiment", default="prune", help="experiment name recorded in prune_result.json")
     pr.add_argument("--profile", choices=["tiny", "paper"], default="tiny", help="profile recorded in the result")
-    pr.add_argument("--data-dir", default=None)
     pr.set_defaults(func=_cmd_prune)
 
     ev = sub.add_parser("evaluate", help="evaluate a model through lm-eval (suite tiny: offline; paper: hub tasks)")
-    ev.add_argument("model")
-    ev.add_argument("--suite", default="tiny", help="tiny or paper")
+    add_config_options(ev, EvaluateConfig, positional=["model"])
     ev.add_argument("--out", required=True, help="result JSON")
     ev.add_argument("--experiment", default="evaluate", help="experiment name recorded in the result")
-    ev.add_argument("--batch-size", type=positive_int, default=16)
-    ev.add_argument("--max-length", type=length_int, default=256)
-    ev.add_argument("--limit", type=_limit, default=None, help="examples per task (int) or fraction (<1)")
-    ev.add_argument("--device", default="auto", help="auto (default: the GPU when present, else the CPU), cpu, cuda")
-    ev.add_argument("--data-dir", default=None)
     ev.set_defaults(func=_cmd_evaluate)
 
 
@@ -266,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replicate seeds (default: the table's `seeds:`, else one); each seed draws the calibration "
                         "data and drives the RFT run; the tables show mean ± 95%% CI over them")
     b.set_defaults(func=_cmd_run_table)
+    _register_wandb(sub)
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)
     return p

@@ -8,8 +8,6 @@ bf16 checkpoint computes in fp32 there (`compute_dtype`); its saved outputs keep
 
 from __future__ import annotations
 
-import resource
-
 import torch
 
 from state_reduction.errors import InputError
@@ -38,17 +36,3 @@ def checkpoint_dtype(config) -> torch.dtype:
     """The dtype a checkpoint's config.json declares (float32 when it declares none)."""
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
-
-
-def host_peak_rss_bytes() -> int:
-    """Peak resident set size of this process (Linux reports KiB)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def peak_memory_bytes(device: str | torch.device) -> int:
-    """Peak memory of work on `device`: CUDA's allocator peak for a CUDA device, the process's peak RSS otherwise
-    (CPU work on a machine that also has a GPU must not read the idle GPU's ~0)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return host_peak_rss_bytes()

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from state_reduction.atomic import write_bytes_atomic
 from state_reduction.errors import MissingInputError
 
 # lm-eval task -> hub dataset it reads (paper suites; evaluation.run.PAPER_METRICS / PAPER_LONGCTX)
@@ -190,7 +191,8 @@ def fetch(a: Artefact, cache: Path) -> None:
         import json
 
         for entry in json.loads(index):
-            (essays / entry["name"]).write_bytes(urllib.request.urlopen(entry["download_url"], timeout=60).read())  # noqa: S310
+            write_bytes_atomic(essays / entry["name"],
+                               urllib.request.urlopen(entry["download_url"], timeout=60).read())  # noqa: S310
 
 
 def prefetch(profile: str, tables: list[str], cache: str | Path, experiment: str | None = None) -> list[Artefact]:

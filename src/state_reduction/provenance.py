@@ -13,26 +13,31 @@ import torch
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
+def is_clone(folder: Path) -> bool:
+    """A clone of this project: pyproject.toml naming `state-reduction`, and experiments/."""
+    pyproject = folder / "pyproject.toml"
+    if not ((folder / "experiments").is_dir() and pyproject.is_file()):
+        return False
+    try:
+        return 'name = "state-reduction"' in pyproject.read_text()
+    except OSError:
+        return False
+
+
 def project_root(cwd: str | Path | None = None, package_root: Path = PACKAGE_ROOT) -> Path:
     """The clone a run belongs to: $STATE_REDUCTION_ROOT, else the nearest folder at or above the working
-    directory that is a clone of this project (pyproject.toml naming `state-reduction`, and experiments/), else
-    the clone the package is installed from. An editable install of clone A run inside clone B thus reads B's
-    experiments and writes B's results (issue 22), not A's."""
-    import os
-
+    directory that is a clone of this project, else the clone the package is installed from (an editable
+    install), else the working directory (a wheel installed outside any clone: results/ and runs/ go there).
+    An editable install of clone A run inside clone B thus reads B's experiments and writes B's results
+    (issue 22), not A's."""
     env = os.environ.get("STATE_REDUCTION_ROOT")
     if env:
         return Path(env).resolve()
     here = Path(cwd or os.getcwd()).resolve()
     for folder in (here, *here.parents):
-        pyproject = folder / "pyproject.toml"
-        if (folder / "experiments").is_dir() and pyproject.is_file():
-            try:
-                if 'name = "state-reduction"' in pyproject.read_text():
-                    return folder
-            except OSError:
-                continue
-    return package_root
+        if is_clone(folder):
+            return folder
+    return package_root if is_clone(package_root) else here
 
 
 REPO_ROOT = project_root()

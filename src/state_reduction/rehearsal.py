@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from state_reduction.atomic import write_json_atomic, write_text_atomic
 from state_reduction.errors import InputError
 from state_reduction.provenance import REPO_ROOT, TINY_MODELS_DIR
 
@@ -115,7 +116,7 @@ def _predicted_prune(config, cfg: RehearsalConfig, method: str, streamed: bool) 
     """memory-plan's bytes for one prune on the CPU (fp32 weights): the calibration peak (weights included);
     the weights alone for the weight-only selectors. Streamed on the CPU, home and device are one memory: the
     host plan plus the device plan less the weights the device plan counts again."""
-    from state_reduction.pruning.memory import plan
+    from state_reduction.pruning.memory_plan import plan
     from state_reduction.pruning.selectors import get_selector
 
     cuda = torch.cuda.is_available()  # prune computes on the GPU when present, in the checkpoint's bf16
@@ -133,8 +134,7 @@ def _predicted_prune(config, cfg: RehearsalConfig, method: str, streamed: bool) 
 
 
 def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int | None = None):
-    from state_reduction.devices import host_peak_rss_bytes
-    from state_reduction.pruning.memory import HeapPeak
+    from state_reduction.peak_memory import HeapPeak, cuda_peak_bytes, host_peak_rss_bytes
 
     gc.collect()
     cuda = torch.cuda.is_available()
@@ -153,14 +153,14 @@ def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int
     row = {"model": model, "stage": stage, "what": what, "ok": error is None, "error": error,
            "wall_s": round(time.perf_counter() - t0, 2), "heap_peak_bytes": int(peak.peak),
            "process_peak_rss_bytes": host_peak_rss_bytes(), "predicted_bytes": predicted,
-           "cuda_peak_bytes": int(torch.cuda.max_memory_allocated()) if cuda else None}
+           "cuda_peak_bytes": cuda_peak_bytes() if cuda else None}
     measured = row["cuda_peak_bytes"] if cuda else peak.peak  # what the plan predicts: the compute device's peak
     if predicted is not None and measured:
         row["predicted_off"] = round((predicted - measured) / measured, 3)
         row["flagged"] = abs(row["predicted_off"]) > FLAG_OFF
     rows.append(row)
     if _PARTIAL[0] is not None:
-        _PARTIAL[0].write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+        write_json_atomic(_PARTIAL[0], {"rows": rows})
     status = "ok" if error is None else f"FAILED {error}"
     print(f"[rehearse] {model} {stage} {what}: {status} ({row['wall_s']} s, heap {peak.peak / 2**20:.0f} MiB"
           + (f", plan {predicted / 2**20:.0f} MiB" if predicted is not None else "") + ")", flush=True)
@@ -279,7 +279,7 @@ def rehearse(cfg: RehearsalConfig) -> dict:
     record = {"config": asdict(cfg), "device": str(resolve_device(None)), "rows": rows,
               "all_ok": all(r["ok"] for r in rows), "flagged": sum(bool(r.get("flagged")) for r in rows),
               "wall_time_s": round(time.time() - t0, 1)}
-    (work / "rehearsal.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_json_atomic(work / "rehearsal.json", record)
     return record
 
 
@@ -337,7 +337,7 @@ def write_readme(readme: Path, *, profile: str = "paper", results_root=None) -> 
                       f"off by > 25%; largest heap peak {m['max_heap_peak_bytes'] / 2**30:.2f} GiB\n\n"
                       + summary_table({"rows": r["extra"]["rows"]}))
     body = "\n\n".join(blocks) or "(no rehearsal results yet: `make rehearsal`)"
-    readme.write_text(text[:text.index(begin)] + f"{begin}\n{body}\n{end}" + text[text.index(end) + len(end):])
+    write_text_atomic(readme, text[:text.index(begin)] + f"{begin}\n{body}\n{end}" + text[text.index(end) + len(end):])
 
 
 def _cmd_rehearse(args) -> int:

@@ -27,15 +27,14 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
-import resource
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import torch
-
 from state_reduction.atomic import check_output, remove_stale, write_json_atomic
 from state_reduction.errors import Error, InputError, MissingInputError
+from state_reduction.hashing import config_key
+from state_reduction.peak_memory import process_peaks
 from state_reduction.provenance import REPO_ROOT, collect_provenance
 
 SCHEMA = "state-reduction/result"
@@ -54,10 +53,6 @@ def results_dir(profile: str, experiment: str, root: str | Path | None = None) -
     if profile not in PROFILES:
         raise InputError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     return Path(root or REPO_ROOT / "results") / profile / experiment
-
-
-def config_key(config: dict) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def weights_sha256(model_dir: str | Path) -> str:
@@ -90,12 +85,6 @@ def model_entry(model_dir: str | Path) -> dict:
     return {"path": str(model_dir), "weights_sha256": None, "tokenizer_sha256": None}
 
 
-def peak_memory() -> dict:
-    rss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
-    cuda = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
-    return {"rss_bytes": rss, "cuda_bytes": cuda}
-
-
 def build_result(kind: str, *, profile: str, experiment: str, config: dict, metrics: dict,
                  model: dict | None = None, data: dict | None = None, seeds: dict | None = None,
                  wall_time_s: float, extra: dict | None = None) -> dict:
@@ -107,7 +96,7 @@ def build_result(kind: str, *, profile: str, experiment: str, config: dict, metr
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": kind, "profile": profile,
         "experiment": experiment, "config": config, "config_key": config_key(config), "metrics": metrics,
         "model": model, "data": data or {}, "seeds": seeds or {}, "wall_time_s": round(float(wall_time_s), 3),
-        "peak_memory": peak_memory(), "provenance": collect_provenance(),
+        "peak_memory": process_peaks(), "provenance": collect_provenance(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "extra": extra or {},
     }
 

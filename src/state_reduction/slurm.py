@@ -36,8 +36,9 @@ from state_reduction.pipeline import (
     task_jobs,
 )
 from state_reduction.atomic import write_json_atomic, write_text_atomic
+from state_reduction.hashing import config_key
 from state_reduction.provenance import REPO_ROOT
-from state_reduction.results import config_key, read_result, results_dir
+from state_reduction.results import read_result, results_dir
 
 TEMPLATE = REPO_ROOT / "slurm" / "template.sbatch"
 SLURM_DIR = REPO_ROOT / "slurm"

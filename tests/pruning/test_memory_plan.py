@@ -14,7 +14,8 @@ from state_reduction.cli import build_parser, main
 from state_reduction.models import build_model
 from state_reduction.pruning.adapters import get_adapter
 from state_reduction.pruning.calibration import calibrate
-from state_reduction.pruning.memory import ARCHITECTURES, HeapPeak, build_config, plan
+from state_reduction.peak_memory import HeapPeak
+from state_reduction.pruning.memory_plan import ARCHITECTURES, build_config, plan
 from state_reduction.pruning.streaming import calibrate_streaming
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +91,7 @@ def test_streaming_lowers_the_grad_activation_peak():
 def test_presets_and_hub_ids_are_planned(monkeypatch):
     from transformers import AutoConfig
 
-    from state_reduction.pruning.memory import build_config
+    from state_reduction.pruning.memory_plan import build_config
     from state_reduction.speed.models import PRESETS
 
     for name in ("dn-1.3b", "gdn-1.3b"):
@@ -105,7 +106,7 @@ def test_presets_and_hub_ids_are_planned(monkeypatch):
 
 
 def test_an_uncached_hub_id_offline_is_a_one_line_error(monkeypatch, tmp_path):
-    from state_reduction.pruning.memory import build_config
+    from state_reduction.pruning.memory_plan import build_config
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
@@ -117,7 +118,7 @@ def test_an_uncached_hub_id_offline_is_a_one_line_error(monkeypatch, tmp_path):
 
 
 def test_fewer_windows_than_the_batch_count_the_windows():
-    from state_reduction.pruning.memory import build_config, plan
+    from state_reduction.pruning.memory_plan import build_config, plan
 
     c = build_config("dn-1.3b")
     assert plan(c, n_calib=2, seq_len=256, batch_size=4) == plan(c, n_calib=2, seq_len=256, batch_size=2)
@@ -135,7 +136,7 @@ def test_grad_plan_of_a_full_width_block_is_within_25_percent_of_the_measured_he
     from state_reduction.models import build_model
     from state_reduction.pruning.adapters import get_adapter
     from state_reduction.pruning.calibration import calibrate
-    from state_reduction.pruning.memory import HeapPeak, build_config, plan
+    from state_reduction.pruning.memory_plan import build_config, plan
     from state_reduction.speed.models import PRESETS
 
     install_cpu_backend()
@@ -159,7 +160,7 @@ def test_paper_grad_calibration_fits_the_sbatch_memory_even_on_the_cpu_fallback(
     """Issue 22: Grad at the paper's 4 x 2048 per forward extrapolated to ~77 GiB of host memory (DeltaNet 1.3B,
     fp32) against --mem=64G. prune now runs Grad at grad_tokens (2048) per forward; the plan, fp32 weights, fits
     the paper profile's Slurm memory with room for the process."""
-    from state_reduction.pruning.memory import build_config, plan
+    from state_reduction.pruning.memory_plan import build_config, plan
     from state_reduction.slurm import RESOURCES
 
     mem = int(RESOURCES["paper"]["mem"].removesuffix("G")) * 2**30

@@ -162,7 +162,7 @@ def test_cli_bad_input_is_one_line_and_exit_code_2(tmp_path, pruned_deltanet, ch
 
 def test_cli_registers_rft_and_bench_rft():
     from state_reduction.cli import build_parser
-    from state_reduction.rft.bench import format_rft_bench
+    from state_reduction.rft.throughput import format_rft_bench
 
     args = build_parser().parse_args(["rft", "s", "--teacher", "t", "--out", "o", "--rank", "8", "--set", "kd_weight=0.5"])
     assert args.rank == 8 and args.overrides == ["kd_weight=0.5"]

@@ -17,7 +17,7 @@ from state_reduction.speed.benchmarks import (
     bench_recurrence,
     resolve_cuda_graphs,
 )
-from state_reduction.speed.memory import PeakMemory
+from state_reduction.peak_memory import TensorPeak
 from state_reduction.speed.models import load_bench_model, reduced_copy
 from state_reduction.speed.timing import TimingProtocol
 
@@ -110,7 +110,7 @@ def test_bad_timing_protocol():
 
 
 def test_peak_memory_counts_live_tensors():
-    with PeakMemory() as m:
+    with TensorPeak() as m:
         a = torch.empty(1024, dtype=torch.float32)  # 4 KiB
         b = torch.empty(2048, dtype=torch.float32)  # 8 KiB
         del a

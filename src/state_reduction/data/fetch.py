@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from state_reduction.atomic import publishing, scratch_folder
 from state_reduction.data.registry import CorpusEntry, CorpusError, CorpusInfo, Document
+from state_reduction.provenance import REPO_ROOT, is_clone
 
 log = logging.getLogger(__name__)
 
@@ -34,22 +35,16 @@ LOCK_TIMEOUT_S = 1800
 PIP_TIMEOUT_S = 900
 
 
-def _repo_root() -> Path | None:
-    for parent in Path(__file__).resolve().parents:
-        if (parent / "pyproject.toml").is_file() and (parent / "src" / "state_reduction").is_dir():
-            return parent
-    return None
-
-
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The argument, else $STATE_REDUCTION_DATA, else <repo>/data_cache, else ~/.cache/..."""
+    """The argument, else $STATE_REDUCTION_DATA, else data_cache/ in the clone a run belongs to
+    (provenance.REPO_ROOT), else $XDG_CACHE_HOME/state_reduction/data (~/.cache/...: an installed wheel run
+    outside any clone)."""
     if data_dir is not None:
         return Path(data_dir)
     if os.environ.get(DATA_DIR_ENV):
         return Path(os.environ[DATA_DIR_ENV])
-    repo = _repo_root()
-    if repo is not None:
-        return repo / "data_cache"
+    if is_clone(REPO_ROOT):
+        return REPO_ROOT / "data_cache"
     cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache_home / "state_reduction" / "data"
 

@@ -18,10 +18,11 @@ Everything is a pure function of (seed, arguments): torch.Generator on the CPU.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict, dataclass
 
 import torch
+
+from state_reduction.hashing import config_key
 
 IGNORE_INDEX = -100
 
@@ -59,7 +60,7 @@ class MQARVocab:
         return asdict(self)
 
     def sha256(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+        return config_key(self.to_dict(), digits=None)
 
 
 def mqar_sequences(n: int, length: int, n_pairs: int, seed: int, vocab: MQARVocab = MQARVocab()

@@ -9,6 +9,7 @@ import difflib
 import os
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from state_reduction.errors import Error
@@ -18,6 +19,7 @@ from state_reduction.evaluation.longctx import build_longctx_suite, check_contex
 from state_reduction.evaluation.mqar import CELLS as MQAR_CELLS
 from state_reduction.evaluation.mqar import run_mqar_suite
 from state_reduction.evaluation.tiny_suite import build_tiny_suite, render_task_yamls
+from state_reduction.options import example_limit, length_int, positive_int
 
 
 class EvaluationError(Error, RuntimeError):
@@ -162,6 +164,28 @@ def load_causal_lm(path: str, device: str = "cpu", max_length: int | None = None
     model = load_model(path, dtype=compute_dtype(device)).to(device)  # fp32 on a CPU
     model.eval()
     return model, tokenizer
+
+
+@dataclass
+class EvaluateConfig:
+    """What `state-reduction evaluate` runs; the command's options are generated from these fields."""
+
+    model: str = field(metadata={"help": "checkpoint directory (or hub id on the paper suites)"})
+    suite: str = field(default="tiny", metadata={"help": f"{', '.join(SUITES)} (tiny*: offline; paper*: hub tasks)"})
+    batch_size: int = field(default=16, metadata={"help": "sequences per forward", "type": positive_int})
+    max_length: int = field(default=256, metadata={"help": "context length in tokens", "type": length_int})
+    limit: float | None = field(default=None, metadata={"help": "examples per task (int) or fraction (<1)",
+                                                         "type": example_limit})
+    device: str = field(default="auto", metadata={
+        "help": "auto (the GPU when present, else the CPU), cpu, cuda"})
+    data_dir: str | None = field(default=None, metadata={"help": "corpora folder (default: $STATE_REDUCTION_DATA, "
+                                                                 "else data_cache/ in the clone, else ~/.cache)"})
+
+    def result_config(self, device) -> dict:
+        """The result's `config`, whose key finds a finished evaluation: every field but data_dir, with the
+        device resolved."""
+        return {"model": self.model, "suite": self.suite, "batch_size": self.batch_size,
+                "max_length": self.max_length, "limit": self.limit, "device": str(device)}
 
 
 def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_length: int = 256,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from state_reduction.atomic import write_bytes_atomic, write_json_atomic
+from state_reduction.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 from state_reduction.data import get_corpus_info, load_corpus, resolve_data_dir
 from state_reduction.errors import InputError
 
@@ -271,7 +271,7 @@ def render_task_yamls(manifest: dict, out_dir: str | Path) -> Path:
             raise InputError(f"task template {path} has no {DATA_FILE_PLACEHOLDER}")
         # json.dumps quotes the path as a YAML string whatever characters it holds.
         text = template.replace(f'"{DATA_FILE_PLACEHOLDER}"', json.dumps(task["data_file"]))
-        (out_dir / f"{name}.yaml").write_text(text.replace(f'"{TASK_PLACEHOLDER}"', json.dumps(name)))
+        write_text_atomic(out_dir / f"{name}.yaml", text.replace(f'"{TASK_PLACEHOLDER}"', json.dumps(name)))
         config = yaml.safe_load((out_dir / f"{name}.yaml").read_text())
         if config["task"] != name or config["dataset_kwargs"]["data_files"]["test"] != task["data_file"]:
             raise InputError(f"rendered task {name}: unexpected task name or data file in {out_dir / name}.yaml")

@@ -5,38 +5,48 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from state_reduction.atomic import check_output
 from state_reduction.errors import InputError
+from state_reduction.options import length_int, positive_int
 from state_reduction.pruning.selectors import MODES, SelectorInput, get_selector, keep_count
 
 
 @dataclass
 class PruneConfig:
-    model: str
-    method: str
-    ratio: float
-    out: str
-    select: str = "kq"
-    calib: str = "ptb"
-    n_calib: int = 32
-    seq_len: int = 256
-    seed: int = 0
-    batch_size: int = 8
-    multiple: int | None = None
-    power_of_two: bool = False
-    overwrite: bool = False
-    data_dir: str | None = None
-    stream_layers: bool = False  # calibrate with one decoder block at a time on `device` (7B-9B models, issue 8)
-    device: str | None = None  # compute device of calibration (None or auto: the GPU when present, else the CPU)
+    """What `state-reduction prune` does; the command's options are generated from these fields and their help."""
+
+    model: str = field(metadata={"help": "checkpoint directory (or hub id on the paper profile)"})
+    method: str = field(metadata={"help": "key channels: rand, l1, wanda, grad, drrqr, pca, pca-adv, energy; "
+                                          "structures: shed (Mamba-Shedder)"})
+    ratio: float = field(metadata={"help": "fraction of key channels removed, in [0, 1) (key-channel methods)"})
+    out: str = field(metadata={"help": "folder of the reduced checkpoint"})
+    select: str = field(default="kq", metadata={"help": "coupled selection: kq, k or q (Table 16)"})
+    calib: str = field(default="ptb", metadata={"help": "calibration corpus (its calibration stream)"})
+    n_calib: int = field(default=32, metadata={"help": "calibration sequences", "type": positive_int})
+    seq_len: int = field(default=256, metadata={"help": "calibration sequence length", "type": length_int})
+    seed: int = field(default=0, metadata={"help": "seed of the calibration sample (and of rand)"})
+    batch_size: int = field(default=8, metadata={"help": "calibration sequences per forward", "type": positive_int})
+    multiple: int | None = field(default=None, metadata={
+        "help": "round kept channels down to a multiple (kernels)", "type": positive_int})
+    power_of_two: bool = field(default=False, metadata={
+        "help": "round kept channels down to a power of two (fla pads K to one on GPU)"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing --out"})
+    data_dir: str | None = field(default=None, metadata={"help": "corpora folder (default: $STATE_REDUCTION_DATA, "
+                                                                 "else data_cache/ in the clone, else ~/.cache)"})
+    stream_layers: bool = field(default=False, metadata={  # issue 8
+        "help": "calibrate one decoder block at a time on --device (7B-9B models; same selections)"})
+    device: str | None = field(default=None, metadata={
+        "help": "calibration device: auto (default: the GPU when present, else the CPU), cpu, cuda"})
     # Grad's backward keeps every block's activations of one forward: at most this many tokens per forward
     # (windows per forward = max(1, grad_tokens // seq_len), never above batch_size). The gradient sums are
     # additive over windows, so the scores do not depend on it beyond float summation order.
-    grad_tokens: int = 2048
+    grad_tokens: int = field(default=2048, metadata={"help": "grad: at most this many tokens per forward and "
+                                                             "backward (memory only)", "type": positive_int})
 
     def validate(self) -> None:
         get_selector(self.method)
@@ -77,10 +87,9 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     from state_reduction.devices import (
         checkpoint_dtype,
         compute_dtype,
-        host_peak_rss_bytes,
-        peak_memory_bytes,
         resolve_device,
     )
+    from state_reduction.peak_memory import host_peak_rss_bytes, peak_memory_bytes
 
     cfg.validate()
     t0 = time.time()

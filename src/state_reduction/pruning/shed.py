@@ -20,7 +20,7 @@ import json
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,6 +29,7 @@ from torch import nn
 from state_reduction.atomic import check_output
 from state_reduction.errors import InputError
 from state_reduction.models.shed import SHED_SUFFIX, ZeroMixer, ZeroMLP, resize_mlp, variant_classes
+from state_reduction.options import positive_int
 
 STRUCTURE_METHODS = ("shed",)  # `state-reduction prune --method shed` (key-channel methods: pruning.selectors)
 TARGETS = ("block", "mixer", "mlp", "mlp-channels")
@@ -360,12 +361,15 @@ def search(model: nn.Module, target: str, steps: int, scorer: Scorer, *, method:
 
 @dataclass
 class ShedConfig:
+    """`state-reduction prune --method shed`; the options it adds to prune's are generated from these fields."""
+
     model: str
-    target: str
-    steps: int
+    target: str = field(metadata={"help": "shed: block, mixer, mlp or mlp-channels"})
+    steps: int = field(metadata={"help": "shed: structures removed (one per greedy step)", "type": positive_int})
     out: str
-    search: str = "greedy"
-    group_size: int = 64
+    search: str = field(default="greedy", metadata={"help": "shed: greedy (re-score every step) or one-shot"})
+    group_size: int = field(default=64, metadata={"help": "shed --target mlp-channels: channels per group",
+                                                  "type": positive_int})
     calib: str = "ptb"
     n_calib: int = 32
     seq_len: int = 256
@@ -385,7 +389,7 @@ class ShedConfig:
         check_output(self.out, directory=True, overwrite=self.overwrite)
 
     def search_key(self, weights_sha256: str) -> str:
-        from state_reduction.results import config_key
+        from state_reduction.hashing import config_key
 
         keys = ("target", "search", "group_size", "calib", "n_calib", "seq_len", "seed", "steps")
         return config_key({"weights_sha256": weights_sha256, **{k: getattr(self, k) for k in keys}})
@@ -410,7 +414,8 @@ def shed(cfg: ShedConfig) -> dict:
     from state_reduction.atomic import write_json_atomic
     from state_reduction.provenance import collect_provenance
     from state_reduction.pruning.adapters import get_adapter
-    from state_reduction.devices import peak_memory_bytes, resolve_device
+    from state_reduction.devices import resolve_device
+    from state_reduction.peak_memory import peak_memory_bytes
     from state_reduction.results import weights_sha256
 
     cfg.validate()

@@ -4,21 +4,39 @@ from __future__ import annotations
 
 import os
 
-from state_reduction.options import length_int, nonnegative_int, positive_float, positive_int
+from state_reduction.options import add_config_options, length_int, nonnegative_int, positive_float, positive_int
+from state_reduction.rft.config import PRESETS, RFTConfig
+
+# RFTConfig fields settable by their own option (every other one through --set KEY=VALUE); unset options leave
+# the field to --config and the preset
+FLAGS = ["profile", "steps", "batch_size", "micro_batch_size", "seq_len", "lr", "warmup_steps", "rank", "alpha",
+         "save_every", "resume", "overwrite", "seed", "corpora", "eval_corpora", "wandb", "distributed", "device",
+         "threads"]
+HELP = {"student": "pruned checkpoint (state-reduction prune --out)",
+        "teacher": "the unpruned (dense) checkpoint",
+        "out": "run folder: model/, checkpoints/, log.jsonl, rft_result.json",
+        "batch_size": "global batch (all processes)",
+        "micro_batch_size": "per process and forward (gradient accumulation)",
+        "rank": "LoRA r", "alpha": "LoRA alpha",
+        "resume": "continue from <out>/checkpoints/state.pt",
+        "overwrite": "start over, deleting the run in --out",
+        "corpora": "comma-separated corpora whose finetune streams are used",
+        "eval_corpora": "held-out perplexity (test split) before and after, e.g. ptb,wiki",
+        "wandb": "default: $WANDB_MODE, else offline"}
+TYPES = {"steps": positive_int, "batch_size": positive_int, "micro_batch_size": positive_int, "seq_len": length_int,
+         "lr": positive_float, "warmup_steps": nonnegative_int, "rank": positive_int, "alpha": positive_float,
+         "save_every": positive_int, "threads": positive_int}
+CHOICES = {"profile": ["tiny", "paper"], "wandb": ["offline", "online", "disabled"],
+           "distributed": ["auto", "none", "ddp", "fsdp"]}
 
 
 def _cmd_rft(args) -> int:
-    from state_reduction.rft.config import RFTConfig, RFTError, parse_overrides
+    from state_reduction.rft.config import RFTError, parse_overrides
     from state_reduction.rft.trainer import run_rft
 
     if args.teacher is None and not args.no_teacher:
         raise RFTError("pass --teacher DENSE (the unpruned model) or --no-teacher for cross-entropy only")
-    flags = {"steps": args.steps, "batch_size": args.batch_size, "micro_batch_size": args.micro_batch_size,
-             "seq_len": args.seq_len, "lr": args.lr, "warmup_steps": args.warmup_steps, "rank": args.rank,
-             "alpha": args.alpha, "save_every": args.save_every, "seed": args.seed, "corpora": args.corpus,
-             "wandb": args.wandb, "distributed": args.distributed, "device": args.device, "threads": args.threads,
-             "eval_corpora": args.eval_corpora, "profile": args.profile,
-             "resume": args.resume or None, "overwrite": args.overwrite or None}
+    flags = {name: getattr(args, name) for name in FLAGS}
     overrides = {**{k: v for k, v in flags.items() if v is not None}, **parse_overrides(args.overrides)}
     teacher = None if args.no_teacher else args.teacher
     if args.config:
@@ -42,7 +60,7 @@ def _cmd_rft(args) -> int:
 def _cmd_bench_rft(args) -> int:
     from state_reduction.provenance import REPO_ROOT
     from state_reduction.results import build_result, write_result
-    from state_reduction.rft.bench import bench_rft, format_rft_bench
+    from state_reduction.rft.throughput import bench_rft, format_rft_bench
 
     config = {"families": args.families, "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
               "method": "l1", "ratio": 0.5, "threads": 1, "device": "cpu"}
@@ -63,41 +81,19 @@ def _cmd_bench_rft(args) -> int:
 
 
 def register(sub) -> None:
-    from state_reduction.rft.config import PRESETS
-
     r = sub.add_parser("rft", help="recovery fine-tuning of a pruned model: LoRA + distillation from the dense teacher",
                        description="Defaults are the paper's recipe (--preset paper); --preset tiny fits the CPU "
                                    "tiny profile. Flags and --set KEY=VALUE win over --config and the preset.")
-    r.add_argument("student", help="pruned checkpoint (state-reduction prune --out)")
+    add_config_options(r, RFTConfig, positional=["student"], only=["student"], helps=HELP)
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any RFTConfig field (repeatable), e.g. --set kd_temperature=1 --set progress=false")
-    r.add_argument("--teacher", default=None, help="the unpruned (dense) checkpoint")
+    add_config_options(r, RFTConfig, only=["teacher"], optional=["teacher"], helps=HELP)
     r.add_argument("--no-teacher", action="store_true", help="cross-entropy only (no distillation)")
-    r.add_argument("--out", required=True, help="run folder: model/, checkpoints/, log.jsonl, rft_result.json")
+    add_config_options(r, RFTConfig, only=["out"], helps=HELP)
     r.add_argument("--preset", default="paper", choices=sorted(PRESETS))
     r.add_argument("--config", default=None, help="YAML of RFTConfig fields (may name a preset)")
-    r.add_argument("--profile", choices=["tiny", "paper"], default=None)
-    r.add_argument("--steps", type=positive_int)
-    r.add_argument("--batch-size", type=positive_int, help="global batch (all processes)")
-    r.add_argument("--micro-batch-size", type=positive_int, help="per process and forward (gradient accumulation)")
-    r.add_argument("--seq-len", type=length_int)
-    r.add_argument("--lr", type=positive_float)
-    r.add_argument("--warmup-steps", type=nonnegative_int)
-    r.add_argument("--rank", type=positive_int, help="LoRA r")
-    r.add_argument("--alpha", type=positive_float, help="LoRA alpha")
-    r.add_argument("--save-every", type=positive_int)
-    r.add_argument("--resume", action="store_true", help="continue from <out>/checkpoints/state.pt")
-    r.add_argument("--overwrite", action="store_true", help="start over, deleting the run in --out")
-    r.add_argument("--seed", type=int)
-    r.add_argument("--corpus", type=lambda s: [c for c in s.split(",") if c], default=None,
-                   help="comma-separated corpora whose finetune streams are used")
-    r.add_argument("--eval-corpora", type=lambda s: [c for c in s.split(",") if c], default=None,
-                   help="held-out perplexity (test split) before and after, e.g. ptb,wiki")
-    r.add_argument("--wandb", choices=["offline", "online", "disabled"], default=None,
-                   help="default: $WANDB_MODE, else offline")
-    r.add_argument("--distributed", choices=["auto", "none", "ddp", "fsdp"], default=None)
-    r.add_argument("--device", default=None)
-    r.add_argument("--threads", type=positive_int, default=None)
+    add_config_options(r, RFTConfig, only=FLAGS, layered=True, flags={"corpora": "--corpus"}, helps=HELP,
+                       types=TYPES, choices=CHOICES)
     r.add_argument("--export-flame", metavar="DUMP_DIR", default=None,
                    help="write DUMP_DIR/flame_train_args.sh (DCP seed conversion + train.sh flags) instead of training")
     r.set_defaults(func=_cmd_rft)

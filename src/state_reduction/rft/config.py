@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,7 @@ from typing import Any
 import yaml
 
 from state_reduction.errors import Error
+from state_reduction.hashing import config_key
 
 
 class RFTError(Error, ValueError):
@@ -119,7 +118,7 @@ class RFTConfig:
         return {k: v for k, v in self.identity().items() if k not in ("student", "teacher")}
 
     def hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return config_key(self.identity())
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "RFT config") -> RFTConfig:

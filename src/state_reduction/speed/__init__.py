@@ -4,7 +4,7 @@ API: `state_bytes`, `largest_batch`, `state_memory_rows` (accounting); `bench_de
 `bench_mixer`, `bench_recurrence` (side-by-side timing, result records of kind "bench").
 """
 
-from state_reduction.speed.memory import (
+from state_reduction.speed.state_bytes import (
     largest_batch,
     parse_bytes,
     reduced_config,

@@ -21,7 +21,7 @@ from torch import nn
 from state_reduction.errors import Error
 from state_reduction.pruning.selectors import keep_count
 from state_reduction.results import build_result
-from state_reduction.speed.memory import measure_peak_bytes
+from state_reduction.peak_memory import measure_peak_bytes
 from state_reduction.speed.models import (
     backend_label,
     check_device,

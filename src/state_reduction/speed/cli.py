@@ -23,7 +23,7 @@ def _protocol(args):
 
 
 def _dtype(name):
-    from state_reduction.speed.memory import DTYPES
+    from state_reduction.speed.state_bytes import DTYPES
 
     if name is None:
         return None
@@ -117,7 +117,7 @@ def _cmd_bench(args) -> int:
                                  protocol=_protocol(args), profile=args.profile)
         tag = _tag(args.model)
     else:
-        from state_reduction.speed.memory import parse_bytes
+        from state_reduction.speed.state_bytes import parse_bytes
 
         record = sb.bench_prefill(args.model, device=args.device, grid=tuple(args.grid or ((1, 256), (4, 256), (1, 1024))),
                                   ratios=ratios, keeps=tuple(args.keep or ()), layers=args.layers,
@@ -138,7 +138,7 @@ def _state_memory_record(args) -> dict:
     import state_reduction  # noqa: F401
     from state_reduction.models import build_config, register_auto_classes
     from state_reduction.results import build_result
-    from state_reduction.speed.memory import parse_bytes, state_memory_rows
+    from state_reduction.speed.state_bytes import parse_bytes, state_memory_rows
     from state_reduction.speed.models import PRESETS
 
     t0 = time.perf_counter()
@@ -173,7 +173,7 @@ def _state_memory_record(args) -> dict:
 
 def _cmd_calibration(args) -> int:
     from state_reduction.atomic import write_json_atomic
-    from state_reduction.bench import bench_calibration, format_calibration
+    from state_reduction.pruning.calibration_cost import bench_calibration, format_calibration
     from state_reduction.provenance import collect_provenance
 
     rows = bench_calibration(args.model, sizes=args.sizes, seq_len=args.seq_len or 256, batch_size=args.batch_size,

@@ -10,7 +10,6 @@ validation and test accuracy next to the majority-class accuracy, provenance).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import time
@@ -24,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from state_reduction.atomic import publish_folder, save_torch_atomic, write_json_atomic
 from state_reduction.checkpoints import load_run_state
+from state_reduction.hashing import config_key
 from state_reduction.provenance import collect_provenance
 from state_reduction.ssm.listops import N_CLASSES, VOCAB_SIZE, ListOpsSpec, generate, verify
 from state_reduction.ssm.s5 import S5Classifier, S5Config
@@ -60,7 +60,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        return config_key(self.to_dict())
 
     def spec(self) -> ListOpsSpec:
         return ListOpsSpec(**self.data)

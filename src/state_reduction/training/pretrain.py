@@ -18,7 +18,6 @@ pure function of (seed, s), so a resumed run sees exactly the data an uninterrup
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import time
@@ -34,6 +33,7 @@ from state_reduction.atomic import save_torch_atomic, write_json_atomic, write_t
 from state_reduction.checkpoints import load_run_state
 from state_reduction.checkpoints import save_model_atomic
 from state_reduction.errors import InputError
+from state_reduction.hashing import config_key
 from state_reduction.models import build_model, get_family
 from state_reduction.provenance import collect_provenance
 from state_reduction.training.schedule import warmup_cosine
@@ -92,7 +92,7 @@ class PretrainConfig:
     def hash(self) -> str:
         """Identity of the run: everything but the thread count."""
         d = {k: v for k, v in self.to_dict().items() if k != "threads"}
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        return config_key(d)
 
 
 MQAR_KEYS = ("batch", "min_pairs", "max_pairs", "vocab", "eval_pairs", "text_weight", "text_from_step")

@@ -8,17 +8,13 @@ calibration adds and must not grow with the number of tokens."""
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import time
 
 import torch
 
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
+from state_reduction.peak_memory import host_peak_rss_bytes, host_rss_bytes
 
 
 def calibration_point(model_path: str, n: int, seq_len: int, batch_size: int, corpus: str, seed: int) -> dict:
@@ -38,7 +34,7 @@ def calibration_point(model_path: str, n: int, seq_len: int, batch_size: int, co
     windows = sample_sequences(tokenizer, corpus, n=n, seq_len=seq_len, seed=seed, stream="calibration")
     with torch.no_grad():  # warm-up: allocator pools and lazy imports belong to the baseline
         model(input_ids=windows[:batch_size])
-    baseline = _rss_bytes()
+    baseline = host_rss_bytes()
     t0 = time.perf_counter()
     stats = calibrate(model, adapter, windows, batch_size=batch_size)
     _, K = adapter.key_heads(model.config)
@@ -47,7 +43,7 @@ def calibration_point(model_path: str, n: int, seq_len: int, batch_size: int, co
         select("drrqr", stats[ref.layer], w_q.detach(), w_k.detach(), keep_count(K, 0.5), "kq",
                torch.Generator().manual_seed(seed), ref.layer)
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = host_peak_rss_bytes()
     return {"n": n, "tokens": int(windows.numel()), "wall_s": wall, "peak_rss_bytes": peak,
             "baseline_rss_bytes": baseline, "calibration_extra_bytes": max(0, peak - baseline)}
 
@@ -56,7 +52,7 @@ def bench_calibration(model_path: str, sizes=(8, 32, 128, 512), seq_len: int = 2
                       corpus: str = "books", seed: int = 0) -> list[dict]:
     rows = []
     for n in sizes:
-        code = ("import json,sys; from state_reduction.bench import calibration_point; "
+        code = ("import json,sys; from state_reduction.pruning.calibration_cost import calibration_point; "
                 f"print('BENCH ' + json.dumps(calibration_point({model_path!r}, {n}, {seq_len}, {batch_size}, "
                 f"{corpus!r}, {seed})))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -9,11 +9,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from state_reduction.peak_memory import host_peak_rss_bytes
+
 
 def rft_point(student: str, teacher: str | None, out: str, steps: int, batch_size: int, seq_len: int) -> dict:
     """One measurement in this process: a short RFT run (1 thread, no wandb, no progress bar)."""
-    import resource
-
     from state_reduction.rft import RFTConfig, run_rft
 
     cfg = RFTConfig.tiny_preset(student, teacher, out, steps=steps, batch_size=batch_size, seq_len=seq_len,
@@ -23,7 +23,7 @@ def rft_point(student: str, teacher: str | None, out: str, steps: int, batch_siz
     m = record["metrics"]
     return {"teacher": teacher is not None, "steps": steps, "batch_size": batch_size, "seq_len": seq_len,
             "tokens_per_s": m["tokens_per_s"], "final_loss": m["final_loss"],
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_bytes": host_peak_rss_bytes(),
             "trainable_parameters": record["extra"]["trainable_parameters"]}
 
 
@@ -38,7 +38,7 @@ def bench_rft(families, checkpoints: Path, steps: int = 5, batch_size: int = 4, 
             pruned = str(Path(tmp) / f"{family}-{method}")
             prune(PruneConfig(model=dense, method=method, ratio=ratio, out=pruned))
             for teacher in (dense, None):
-                code = ("import json; from state_reduction.rft.bench import rft_point; "
+                code = ("import json; from state_reduction.rft.throughput import rft_point; "
                         f"print('BENCH ' + json.dumps(rft_point({pruned!r}, {teacher!r}, {str(Path(tmp) / 'run')!r}, "
                         f"{steps}, {batch_size}, {seq_len})))")
                 proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

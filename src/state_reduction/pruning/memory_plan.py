@@ -9,16 +9,15 @@ on the tiny models (`measure`, `state-reduction memory-plan CHECKPOINT --measure
 
 from __future__ import annotations
 
-import ctypes
 import json
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from state_reduction.errors import MissingInputError
 from state_reduction.models.families import architectures, speed_presets
 from state_reduction.models.families import build_config as family_config
+from state_reduction.peak_memory import HeapPeak
 
 GIB = 1024**3
 # Grad: autograd keeps per block more than the block's Linear outputs where the q/k gradient flows (the chunked
@@ -172,43 +171,6 @@ def format_plan(p: dict, title: str = "") -> str:
     lines.append("  host memory (streamed; the all-at-once path holds the weights on the device):")
     lines += [f"    {name:<20}{g(b)}" for name, b in p["host"].items()]
     return "\n".join(lines)
-
-
-def _glibc_heap():
-    libc = ctypes.CDLL("libc.so.6")
-
-    class Mallinfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in
-                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                     "keepcost")]
-
-    libc.mallinfo2.restype = Mallinfo2
-
-    def in_use() -> int:
-        info = libc.mallinfo2()
-        return info.uordblks + info.hblkhd  # bytes in malloc'd chunks, small (arena) and mmap'd
-
-    return in_use
-
-
-class HeapPeak(TorchDispatchMode):
-    """Peak of the process heap above its level at entry, sampled after every aten op (CPU tensors are malloc'd,
-    so this counts every tensor created inside, activations and autograd's saved tensors included). glibc only."""
-
-    def __init__(self):
-        super().__init__()
-        self.in_use = _glibc_heap()
-        self.base = self.peak = 0
-
-    def __enter__(self):
-        self.base = self.in_use()
-        self.peak = 0
-        return super().__enter__()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.peak = max(self.peak, self.in_use() - self.base)
-        return out
 
 
 def measure(path: str, n_calib: int = 8, seq_len: int = 256, batch_size: int = 4, seed: int = 0) -> dict:

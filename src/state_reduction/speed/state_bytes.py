@@ -1,4 +1,4 @@
-"""Recurrent-state memory accounting and peak-memory measurement.
+"""Recurrent-state memory accounting.
 
 State bytes per sequence come from the family adapters (`KeyChannelAdapter.state_bytes_per_sequence`), so the
 accounting covers every family the pruning code covers: DeltaNet and Gated DeltaNet (H * K * V per layer),
@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import copy
 import re
-import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from state_reduction.errors import InputError
 from state_reduction.pruning.adapters import get_adapter
@@ -90,48 +87,3 @@ def state_memory_rows(config, ratios=(0.0, 0.5, 0.75), keeps=(), budget_bytes: i
                        largest_batch_baseline=largest_batch(budget_bytes, base, fixed_bytes))
         rows.append(row)
     return rows
-
-
-class PeakMemory(TorchDispatchMode):
-    """Peak bytes of the CPU tensors allocated inside the block (tensors alive before it, e.g. weights, are not
-    counted): every op output's storage is counted once, until it is freed. `with PeakMemory() as m: ...; m.peak`.
-    The dispatch overhead makes it a separate, untimed pass."""
-
-    def __init__(self):
-        super().__init__()
-        self.live: dict[int, int] = {}
-        self.current = 0
-        self.peak = 0
-
-    def _free(self, key: int, nbytes: int) -> None:
-        if self.live.pop(key, None) is not None:
-            self.current -= nbytes
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-                storage = t.untyped_storage()
-                key, nbytes = storage.data_ptr(), storage.nbytes()
-                if nbytes == 0 or key in self.live:
-                    continue
-                self.live[key] = nbytes
-                self.current += nbytes
-                self.peak = max(self.peak, self.current)
-                weakref.finalize(storage, self._free, key, nbytes)
-        return out
-
-
-def measure_peak_bytes(fn, device: torch.device) -> int:
-    """Peak bytes allocated while `fn()` runs, above what was allocated before (CUDA: the caching allocator's
-    counter; CPU: `PeakMemory`)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device) - before)
-    with PeakMemory() as m:
-        fn()
-    return m.peak
