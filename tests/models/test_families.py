@@ -61,7 +61,7 @@ def test_variants_are_derived_from_their_stock_family():
 
 
 def test_presets_and_architectures_come_from_the_family_modules():
-    from state_reduction.pruning.memory import ARCHITECTURES
+    from state_reduction.pruning.memory_plan import ARCHITECTURES
     from state_reduction.speed.models import PRESETS
 
     assert PRESETS == speed_presets() and set(PRESETS) == {"dn-1.3b", "gdn-1.3b"}
