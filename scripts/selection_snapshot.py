@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import state_reduction  # noqa: F401
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.pruning.calibration import calibrate
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.pruning.selectors import MODES, select

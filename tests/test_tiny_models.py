@@ -14,7 +14,7 @@ from state_reduction.backend import install_cpu_backend
 from state_reduction.data import get_corpus_info
 from state_reduction.data.sampler import stream_tokens
 from state_reduction.models.families import FAMILIES
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.tokenizer import tokenizer_hash
 from state_reduction.training.pretrain import EVAL_CORPORA, pretrain_unigram_counts, unigram_nll, window_nll
 

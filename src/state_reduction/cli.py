@@ -142,7 +142,8 @@ def _cmd_evaluate(args) -> int:
 
 
 def _cmd_run_table(args) -> int:
-    from state_reduction.pipeline import plan_table, run_table
+    from state_reduction.pipeline import find_experiment, offline_cache, plan_table, run_table
+    from state_reduction.prefetch import check_offline
 
     if args.dry_run:
         plan = plan_table(args.experiment, args.table, args.profile, results_root=args.results_root,
@@ -156,6 +157,8 @@ def _cmd_run_table(args) -> int:
             for name, config in jobs:
                 print(f"  {name}: {json.dumps(config, sort_keys=True)}")
         return 0
+    if offline_cache() is not None:  # every artefact of the table in the prefetched cache, before any compute
+        check_offline(args.profile, [args.table], offline_cache(), args.experiment or find_experiment(args.table))
     paths = run_table(args.experiment, args.table, args.profile, results_root=args.results_root,
                       data_dir=args.data_dir, seeds=args.seeds)
     folder = paths[0].parent if paths else None

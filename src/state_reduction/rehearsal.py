@@ -172,7 +172,7 @@ def _reload(folder: Path, key_dim: int) -> None:
     from transformers import AutoModelForCausalLM
 
     from state_reduction.devices import compute_dtype, resolve_device
-    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.models.families import get_adapter
 
     device = resolve_device(None)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute_dtype(device)).to(device).eval()
@@ -215,7 +215,7 @@ def rehearse(cfg: RehearsalConfig) -> dict:
     """Run the rehearsal; returns the record (rows per stage) and writes `<out>/rehearsal.json`."""
     from state_reduction.backend import install_cpu_backend
     from state_reduction.devices import resolve_device
-    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.models.families import get_adapter
     from state_reduction.pruning.prune import PruneConfig, prune
     from state_reduction.pruning.selectors import SELECTORS
     from state_reduction.rft import RFTConfig, run_rft

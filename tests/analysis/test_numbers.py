@@ -29,7 +29,7 @@ from state_reduction.analysis.states import (
     states_at,
 )
 from state_reduction.models import build_model
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 
 D = torch.float64
 

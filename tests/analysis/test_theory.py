@@ -10,7 +10,7 @@ import torch
 import state_reduction  # noqa: F401  (registers the families)
 from state_reduction.analysis.rank import effective_rank, rank_utilization
 from state_reduction.models import build_model
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 
 
 def spectrum(x: torch.Tensor) -> torch.Tensor:

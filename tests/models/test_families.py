@@ -25,7 +25,7 @@ from state_reduction.models.families import (
     speed_presets,
     unregister_family,
 )
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 
 import toy_family  # tests/models/toy_family.py (pytest puts this folder on sys.path)
 

@@ -17,7 +17,7 @@ from state_reduction.models.shared_conv import (
     SharedConvDeltaNetConfig,
     SharedShortConvolution,
 )
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.pruning.surgery import reduce_model
 from state_reduction.pruning.types import KeyChannelSelection

@@ -24,7 +24,7 @@ from state_reduction.models import build_model
 from state_reduction.models.families import FAMILIES as REGISTRY
 from state_reduction.models.families import MODEL_TYPES, KernelRoute
 from state_reduction.models.shared_conv import SharedShortConvolution
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.pruning.adapters.base import FusedQKAdapter
 from state_reduction.pruning.adapters.gated_deltanet import expand_v_for
 from state_reduction.pruning.surgery import reduce_model, save_reduced

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 import state_reduction  # noqa: F401
 from state_reduction.errors import UnknownNameError
 from state_reduction.pruning import calibration as calibration_module
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.pruning.calibration import STATISTICS, calibrate, resolve_needs
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.pruning.selectors import MODES, SELECTORS, needs_of, register_selector, select

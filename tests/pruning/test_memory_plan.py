@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 import state_reduction  # noqa: F401
 from state_reduction.cli import build_parser, main
 from state_reduction.models import build_model
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.pruning.calibration import calibrate
 from state_reduction.peak_memory import HeapPeak
 from state_reduction.pruning.memory_plan import ARCHITECTURES, build_config, plan
@@ -134,7 +134,7 @@ def test_grad_plan_of_a_full_width_block_is_within_25_percent_of_the_measured_he
     width, fp32, 1 x 256 tokens: the per-block increment (two blocks minus one) planned vs measured."""
     from state_reduction.backend import install_cpu_backend
     from state_reduction.models import build_model
-    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.models.families import get_adapter
     from state_reduction.pruning.calibration import calibrate
     from state_reduction.pruning.memory_plan import build_config, plan
     from state_reduction.speed.models import PRESETS

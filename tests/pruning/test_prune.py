@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import state_reduction  # noqa: F401
 from state_reduction.cli import main
 from state_reduction.errors import InputError
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.pruning.selectors import SELECTORS
 

@@ -7,7 +7,7 @@ import torch
 import state_reduction  # noqa: F401
 from state_reduction.backend import install_cpu_backend
 from state_reduction.models import build_model
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.pruning.calibration import _accumulate_qk, accumulate_gramians, calibrate
 from state_reduction.pruning.selectors import SELECTORS, ghost_scores, select, taylor_scores
 from state_reduction.pruning.types import LayerCalibration

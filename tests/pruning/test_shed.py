@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 import state_reduction  # noqa: F401  (registers the families and their _shed variants)
 from state_reduction.models import build_model
 from state_reduction.models.shed import ZeroMixer, ZeroMLP
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.pruning.shed import (
     Candidate,
     Scorer,

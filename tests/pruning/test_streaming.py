@@ -11,7 +11,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 import state_reduction  # noqa: F401
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.pruning.calibration import STATISTICS, calibrate
 from state_reduction.pruning.selectors import MODES, SELECTORS, select
 from state_reduction.pruning.streaming import calibrate_streaming, decoder_blocks

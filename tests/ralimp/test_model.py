@@ -54,7 +54,7 @@ def test_non_gated_mlp():
 def test_variant_reloads_with_auto_class(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from state_reduction.models.ralimp_variant import to_variant
+    from state_reduction.ralimp.linearize import to_variant
 
     model = _gdn()
     ids = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -71,8 +71,8 @@ def test_variant_reloads_with_auto_class(tmp_path):
 
 
 def test_variant_pairs_with_dense_teacher(tmp_path):
-    from state_reduction.models.ralimp_variant import to_variant
-    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.ralimp.linearize import to_variant
+    from state_reduction.models.families import get_adapter
     from state_reduction.rft.targets import extra_trainable, family_targets
     from state_reduction.rft.trainer import check_pair
 

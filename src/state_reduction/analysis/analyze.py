@@ -66,7 +66,7 @@ class AnalyzeConfig:
 def recurrent_adapter(model_or_config, name: str):
     """The key-channel adapter, or an error naming the model type when the model has no recurrent layers."""
     from state_reduction.models.families import MODEL_TYPES
-    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.models.families import get_adapter
 
     try:
         return get_adapter(model_or_config)

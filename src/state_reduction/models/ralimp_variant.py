@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from state_reduction.errors import UnknownNameError
 
 RALIMP_SUFFIX = "_ralimp"
 PLACEHOLDER_T = torch.linspace(-3.0, 3.0, 64, dtype=torch.float64)
@@ -60,25 +59,3 @@ def make_ralimp_variant(base_config: type, base_model: type, model_type: str) ->
 
     Model.__name__ = Model.__qualname__ = f"RaLiMP{base_model.__name__}"
     return Config, Model
-
-
-def variant_of(model_type: str) -> tuple[type, type]:
-    """(config class, model class) of the linearized variant of a stock model_type."""
-    from state_reduction.models.families import MODEL_TYPES  # the registry imports this module
-
-    variant = MODEL_TYPES.get(model_type + RALIMP_SUFFIX)
-    if variant is None or MODEL_TYPES[model_type].variant is not None:  # a variant of a variant
-        stock = [f.model_type.removesuffix(RALIMP_SUFFIX) for f in MODEL_TYPES.values() if f.variant == "ralimp"]
-        raise UnknownNameError(f"ralimp: no linearized variant of model_type {model_type!r}; accepted: "
-                               f"{', '.join(stock)}")
-    return variant.config_class, variant.model_class
-
-
-def to_variant(model, layers: list[int], spec: dict):
-    """The registered variant holding `model`'s weights, `model` already linearized at `layers` with `spec`."""
-    config_cls, model_cls = variant_of(model.config.model_type)
-    cfg = config_cls(ralimp_layers=layers, ralimp=spec, **{k: v for k, v in model.config.to_dict().items()
-                                                          if k not in ("model_type", "architectures")})
-    out = model_cls(cfg)
-    out.load_state_dict(model.state_dict(), strict=True)
-    return out.to(next(model.parameters()).dtype)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from state_reduction.errors import UnknownNameError
 
 SHED_SUFFIX = "_shed"
 
@@ -77,11 +76,9 @@ def resize_mlp(mlp: nn.Module, layout, keep: torch.Tensor | None = None, size: i
         mlp.intermediate_size = width
 
 
-def apply_recorded_structure(model: nn.Module, config) -> None:
-    """Replace the modules that `config`'s shed_* fields say are removed or narrowed (model built at stock size)."""
-    from state_reduction.pruning.adapters import get_adapter
-
-    layout = get_adapter(config).structure
+def apply_recorded_structure(model: nn.Module, config, layout) -> None:
+    """Replace the modules that `config`'s shed_* fields say are removed or narrowed (model built at stock size);
+    `layout` is the family's structure layout (its adapter's `structure`)."""
     blocks = layout.blocks(model)
     for i in config.shed_removed_mixers or []:
         setattr(blocks[i], layout.mixer_name(blocks[i]), ZeroMixer(layout.mixers[layout.mixer_name(blocks[i])]))
@@ -93,9 +90,9 @@ def apply_recorded_structure(model: nn.Module, config) -> None:
             resize_mlp(mlp, layout, size=size)
 
 
-def make_shed_variant(base_config: type, base_model: type, model_type: str) -> tuple[type, type]:
+def make_shed_variant(base_config: type, base_model: type, model_type: str, layout) -> tuple[type, type]:
     """The config and causal-LM classes of `model_type` (`<stock>_shed`): the stock classes with the shed_* fields
-    (the registry, `state_reduction.models.families`, derives one per family)."""
+    (the registry, `state_reduction.models.families`, derives one per family and passes its structure `layout`)."""
 
     def config_init(self, shed_removed_mixers=None, shed_removed_mlps=None, shed_mlp_sizes=None, **kwargs):
         self.shed_removed_mixers = list(shed_removed_mixers or [])
@@ -109,24 +106,9 @@ def make_shed_variant(base_config: type, base_model: type, model_type: str) -> t
 
     def __init__(self, config):
         base_model.__init__(self, config)
-        apply_recorded_structure(self, config)
+        apply_recorded_structure(self, config, layout)
 
     model_cls = type(f"Shed{base_model.__name__}", (base_model,), {
         "config_class": config_cls, "__init__": __init__, "__module__": __name__,
         "__doc__": f"{base_model.__name__} built with the structures its config records as removed."})
     return config_cls, model_cls
-
-
-def variant_classes(model_type: str) -> tuple[type, type]:
-    """(config class, model class) of the structure-removal variant of a stock or `_shed` model_type."""
-    from state_reduction.models.families import MODEL_TYPES, family_for  # the registry imports this module
-
-    family = family_for(model_type)
-    if family.variant == "shed":
-        return family.config_class, family.model_class
-    shed = MODEL_TYPES.get(family.model_type + SHED_SUFFIX)
-    if family.variant is not None or shed is None:
-        stock = [f.model_type.removesuffix(SHED_SUFFIX) for f in MODEL_TYPES.values() if f.variant == "shed"]
-        raise UnknownNameError(f"no structure-removal variant for model_type {model_type!r} "
-                               f"(supported: {', '.join(stock)})")
-    return shed.config_class, shed.model_class

@@ -43,6 +43,7 @@ from state_reduction.pipeline.stages import (
     collect,
     get_stage,
     mirror,
+    offline_cache,
     plan_table,
     prune_kind,
     register_stage,
@@ -57,7 +58,7 @@ __all__ = [
     "EvaluateSettings", "ExperimentSpec", "ModelSpec", "PipelineError", "ProfileSpec", "PruneSettings", "Runner",
     "SlurmSettings", "SpecError", "Stage", "TableSpec", "Task", "check_context", "clean_models", "collect",
     "expand_vary", "experiment_path", "find_experiment", "find_task", "get_stage", "load_experiment", "load_spec",
-    "mirror", "parse_spec", "plan_table", "plan_tasks", "profile_spec", "prune_kind", "register_stage",
+    "mirror", "offline_cache", "parse_spec", "plan_table", "plan_tasks", "profile_spec", "prune_kind", "register_stage",
     "require_hub_for", "resolve_model_path", "run_table", "run_task", "stage_jobs", "table_cells", "table_evaluate",
     "table_methods", "table_seeds", "table_variations", "task_jobs", "vary_suffix", "_Runner", "_stage_jobs",
 ]

@@ -384,17 +384,12 @@ def require_hub_for(profile: str, what: str) -> None:
                             f"or --dry-run to print the plan") from None
 
 
-def _check_offline_cache(profile: str, tables: list[str], experiment: str) -> bool:
-    """With HF_HUB_OFFLINE set and $STATE_REDUCTION_CACHE naming a prefetched cache (state-reduction prefetch), every
-    artefact of the tables must be there: the first missing one is an error before any compute. True when the run
-    is offline on such a cache (no hub check then)."""
+def offline_cache() -> str | None:
+    """The prefetched cache a run uses offline: $STATE_REDUCTION_CACHE when HF_HUB_OFFLINE is set too, else None.
+    Its artefacts are checked before any compute by the caller (`state-reduction run-table` runs
+    `prefetch.check_offline`; the pipeline does not import prefetch, which plans from the pipeline)."""
     cache = os.environ.get("STATE_REDUCTION_CACHE")
-    if not (os.environ.get("HF_HUB_OFFLINE") and cache):
-        return False
-    from state_reduction.prefetch import check_offline
-
-    check_offline(profile, tables, cache, experiment)
-    return True
+    return cache if os.environ.get("HF_HUB_OFFLINE") and cache else None
 
 
 def plan_table(experiment: str | None, table: str, profile: str = "tiny", results_root=None,
@@ -420,7 +415,7 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile, seeds)
-    if not _check_offline_cache(profile, [table], experiment):
+    if offline_cache() is None:  # a prefetched cache offline: no hub check (the caller checked the cache)
         require_hub_for(profile, f"make {table}")
     evaluate = table_evaluate(spec, table, profile)
     check_context(spec, profile, keys, evaluate=evaluate[0])

@@ -22,7 +22,7 @@ def calibration_point(model_path: str, n: int, seq_len: int, batch_size: int, co
     from state_reduction.backend import install_cpu_backend
     from state_reduction.checkpoints import load_model, load_tokenizer
     from state_reduction.data import sample_sequences
-    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.models.families import get_adapter
     from state_reduction.pruning.calibration import calibrate
     from state_reduction.pruning.selectors import keep_count, select
 

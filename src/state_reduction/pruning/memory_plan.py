@@ -88,7 +88,7 @@ def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, w
     batch (B T sum(out_features) bytes), the calibration hooks' float64 copies of q, k and the projection input,
     and Grad's logits (bf16 logits, their float32 copy and gradient: 10 bytes per entry) and autograd-saved tensors
     (one block's activations again, plus the input gradient)."""
-    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.models.families import get_adapter
     from state_reduction.pruning.streaming import decoder_blocks
 
     adapter = get_adapter(config)
@@ -178,7 +178,7 @@ def measure(path: str, n_calib: int = 8, seq_len: int = 256, batch_size: int = 4
     without and with gradients, on random token windows (memory does not depend on the tokens)."""
     from state_reduction.backend import install_cpu_backend
     from state_reduction.checkpoints import load_model
-    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.models.families import get_adapter
     from state_reduction.pruning.calibration import calibrate
     from state_reduction.pruning.streaming import calibrate_streaming
 

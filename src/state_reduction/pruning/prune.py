@@ -79,7 +79,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     from state_reduction.data import get_corpus_info, sample_sequences
     from state_reduction.evaluation.longctx import check_length_option
     from state_reduction.provenance import collect_provenance
-    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.models.families import get_adapter
     from state_reduction.pruning.calibration import calibrate
     from state_reduction.pruning.streaming import calibrate_streaming
     from state_reduction.pruning.surgery import reduce_model, save_reduced

@@ -28,7 +28,8 @@ from torch import nn
 
 from state_reduction.atomic import check_output
 from state_reduction.errors import InputError
-from state_reduction.models.shed import SHED_SUFFIX, ZeroMixer, ZeroMLP, resize_mlp, variant_classes
+from state_reduction.models.families import shed_classes
+from state_reduction.models.shed import SHED_SUFFIX, ZeroMixer, ZeroMLP, resize_mlp
 from state_reduction.options import positive_int
 
 STRUCTURE_METHODS = ("shed",)  # `state-reduction prune --method shed` (key-channel methods: pruning.selectors)
@@ -55,7 +56,7 @@ class Candidate:
 
 
 def _layout(model: nn.Module):
-    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.models.families import get_adapter
 
     adapter = get_adapter(model)
     if adapter.structure is None:
@@ -233,7 +234,7 @@ def remove_structures(model: nn.Module, removed: Iterable[Candidate], group_size
     removed_mixers = [i for i, b in enumerate(blocks) if not _has_mixer(b, layout)]
     removed_mlps = [i for i, b in enumerate(blocks) if layout.mlp and isinstance(getattr(b, layout.mlp), ZeroMLP)]
     if removed_mixers or removed_mlps or channels_cut or config.model_type.endswith(SHED_SUFFIX):
-        config_cls, model_cls = variant_classes(config.model_type)
+        config_cls, model_cls = shed_classes(config.model_type)
         config.__class__ = config_cls  # the same fields, the variant's model_type
         if "model_type" in vars(config):  # loaded configs carry it as an instance attribute
             config.model_type = config_cls.model_type
@@ -413,7 +414,7 @@ def shed(cfg: ShedConfig) -> dict:
     from state_reduction.data import get_corpus_info, sample_sequences
     from state_reduction.atomic import write_json_atomic
     from state_reduction.provenance import collect_provenance
-    from state_reduction.pruning.adapters import get_adapter
+    from state_reduction.models.families import get_adapter
     from state_reduction.devices import resolve_device
     from state_reduction.peak_memory import peak_memory_bytes
     from state_reduction.results import weights_sha256

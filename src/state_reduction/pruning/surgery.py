@@ -10,7 +10,7 @@ from torch import nn
 
 from state_reduction.checkpoints import save_model_atomic
 from state_reduction.errors import InputError
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.pruning.types import KeyChannelSelection
 
 

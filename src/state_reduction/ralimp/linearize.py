@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from state_reduction.checkpoints import save_model_atomic
+from state_reduction.models.families import ralimp_classes
 from state_reduction.ralimp.gated import FoldedGatedMLP, dense_gated_flops_per_token, gated_weights
 from state_reduction.ralimp.model import LinearizedMLP, decoder_layers, replace_last_mlps
 
@@ -70,7 +71,6 @@ def linearize(model_dir: str, k: int, out: str, *, method: str = "ralimp", budge
 
     import state_reduction  # noqa: F401  (Auto-class registration)
     from state_reduction.data import sample_sequences
-    from state_reduction.models.ralimp_variant import to_variant
 
     torch.manual_seed(seed)
     dense = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -137,3 +137,14 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def to_variant(model, layers: list[int], spec: dict):
+    """The registered variant (models/ralimp_variant.py) holding `model`'s weights, `model` already linearized at
+    `layers` with `spec`."""
+    config_cls, model_cls = ralimp_classes(model.config.model_type)
+    cfg = config_cls(ralimp_layers=layers, ralimp=spec, **{k: v for k, v in model.config.to_dict().items()
+                                                          if k not in ("model_type", "architectures")})
+    out = model_cls(cfg)
+    out.load_state_dict(model.state_dict(), strict=True)
+    return out.to(next(model.parameters()).dtype)

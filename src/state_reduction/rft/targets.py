@@ -13,7 +13,7 @@ from torch import nn
 
 from state_reduction.errors import UnknownNameError
 from state_reduction.models.families import LoraTargets, family_for
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.rft.config import RFTError
 
 

@@ -36,7 +36,7 @@ from state_reduction.atomic import (
 from state_reduction.backend import install_cpu_backend
 from state_reduction.checkpoints import load_config, load_tokenizer, save_model_atomic
 from state_reduction.devices import checkpoint_dtype, compute_dtype
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.results import build_result, model_entry, write_result
 from state_reduction.rft.config import RFTConfig, RFTError, config_diff
 from state_reduction.rft.targets import extra_trainable, resolve_lora_targets

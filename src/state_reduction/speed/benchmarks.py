@@ -378,7 +378,7 @@ def _prepare_models(what, model, models, ratios, keeps, device, dtype, layers, s
     if models is None:
         models, vs, desc = _load_models(model, ratios, keeps, device=device, dtype=dtype, layers=layers, seed=seed)
     else:
-        from state_reduction.pruning.adapters import get_adapter
+        from state_reduction.models.families import get_adapter
 
         vs = [(label, get_adapter(m).key_heads(m.config)[1]) for label, m in models.items()]
         desc = {"name": model, "d_k": vs[0][1]}

@@ -155,7 +155,7 @@ def _state_memory_record(args) -> dict:
             config = AutoConfig.from_pretrained(name)
         else:
             raise MissingInputError(f"model {name!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint directory")
-        from state_reduction.pruning.adapters import get_adapter
+        from state_reduction.models.families import get_adapter
 
         K = get_adapter(config).key_heads(config)[1]
         keeps = tuple(k for k in args.keep or () if k <= K)  # with several models, a budget above one's d_k does not apply to it

@@ -15,7 +15,7 @@ from torch import nn
 
 from state_reduction.errors import InputError, MissingInputError
 from state_reduction.models.families import build_model, speed_presets
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.pruning.selectors import select
 from state_reduction.pruning.surgery import reduce_model
 

@@ -14,7 +14,7 @@ import re
 import torch
 
 from state_reduction.errors import InputError
-from state_reduction.pruning.adapters import get_adapter
+from state_reduction.models.families import get_adapter
 from state_reduction.pruning.selectors import keep_count
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

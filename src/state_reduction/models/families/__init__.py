@@ -44,7 +44,7 @@ def _derived(family: ModelFamily) -> list[ModelFamily]:
               "ralimp": False, "register": None}
     if family.shed:
         config_cls, model_cls = make_shed_variant(family.config_class, family.model_class,
-                                                  family.model_type + SHED_SUFFIX)
+                                                  family.model_type + SHED_SUFFIX, family.adapter.structure)
         out.append(dataclasses.replace(family, **common, name=family.name + SHED_SUFFIX, variant="shed",
                                        model_type=config_cls.model_type, config_class=config_cls,
                                        model_class=model_cls, adapter=shed_variant(family.adapter)))
@@ -168,6 +168,75 @@ def architectures() -> dict[str, Architecture]:
 for _module in (deltanet, deltanet_shared_conv, gated_deltanet, mamba2, qwen3_5):
     register_family(_module.FAMILY)
 
+def _wrappers() -> dict[str, str]:
+    """Model types that wrap a supported one (e.g. vision-language), for configs that do not say which (no
+    text_config): wrapper model_type -> the family's model_type."""
+    return {w: f.model_type for f in FAMILIES.values() for w in f.wrapper_model_types}
+
+
+def _text_model_hint(config, model_type: str | None, expected: str) -> str:
+    """How to reach the `expected` text model from a wrapper config (vision-language models keep it in text_config)."""
+    text = getattr(config, "text_config", None)
+    inner = text.get("model_type") if isinstance(text, dict) else getattr(text, "model_type", None)
+    wrappers = _wrappers()
+    if text is None and model_type not in wrappers:
+        return ""
+    inner = inner or wrappers.get(model_type, expected)
+    return (f"; model_type {model_type!r} is a wrapper (e.g. vision-language) around a {inner!r} text model in "
+            f"config.text_config: extract it with transformers.AutoModelForCausalLM.from_pretrained(path) (which builds "
+            f"the text model, e.g. Qwen3_5ForCausalLM for qwen3_5, from text_config) followed by "
+            f".save_pretrained(text_dir) and its tokenizer, and reduce text_dir (its config has model_type {inner!r})")
+
+
+def get_adapter(model_or_config) -> KeyChannelAdapter:
+    """The adapter for a model or its config, looked up by `config.model_type`; the config must have the fields the
+    adapter reads (`required_fields`)."""
+    config = getattr(model_or_config, "config", model_or_config)
+    model_type = getattr(config, "model_type", None)
+    if model_type in MODEL_TYPES:
+        adapter = MODEL_TYPES[model_type].adapter
+        missing = [f for f in adapter.required_fields if not hasattr(config, f)]
+        if missing:
+            raise InputError(
+                f"{adapter.family} adapter: the config of model_type {model_type!r} lacks {', '.join(missing)}; "
+                f"expected a {adapter.model_type!r} config with {', '.join(adapter.required_fields)}"
+                + _text_model_hint(config, model_type, adapter.model_type))
+        return adapter
+    text = getattr(config, "text_config", None)
+    inner = text.get("model_type") if isinstance(text, dict) else getattr(text, "model_type", None)
+    wrappers = _wrappers()
+    if inner in MODEL_TYPES or model_type in wrappers:
+        hint = _text_model_hint(config, model_type, inner or wrappers[model_type])
+    else:
+        close = difflib.get_close_matches(str(model_type), list(MODEL_TYPES), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UnknownNameError(f"no key-channel adapter for model_type {model_type!r}{hint} "
+                           f"(supported: {', '.join(MODEL_TYPES)})")
+
+
+def shed_classes(model_type: str) -> tuple[type, type]:
+    """(config class, model class) of the structure-removal variant of a stock or `_shed` model_type."""
+    family = family_for(model_type)
+    if family.variant == "shed":
+        return family.config_class, family.model_class
+    shed = MODEL_TYPES.get(family.model_type + SHED_SUFFIX)
+    if family.variant is not None or shed is None:
+        stock = [f.model_type.removesuffix(SHED_SUFFIX) for f in MODEL_TYPES.values() if f.variant == "shed"]
+        raise UnknownNameError(f"no structure-removal variant for model_type {model_type!r} "
+                               f"(supported: {', '.join(stock)})")
+    return shed.config_class, shed.model_class
+
+
+def ralimp_classes(model_type: str) -> tuple[type, type]:
+    """(config class, model class) of the linearized (RaLiMP) variant of a stock model_type."""
+    variant = MODEL_TYPES.get(model_type + RALIMP_SUFFIX)
+    if variant is None or MODEL_TYPES[model_type].variant is not None:  # a variant of a variant
+        stock = [f.model_type.removesuffix(RALIMP_SUFFIX) for f in MODEL_TYPES.values() if f.variant == "ralimp"]
+        raise UnknownNameError(f"ralimp: no linearized variant of model_type {model_type!r}; accepted: "
+                               f"{', '.join(stock)}")
+    return variant.config_class, variant.model_class
+
+
 __all__ = ["FAMILIES", "MODEL_TYPES", "Architecture", "KernelInputs", "KernelRoute", "LoraTargets", "MixerHooks",
-           "ModelFamily", "architectures", "build_config", "build_model", "family_for", "get_family",
-           "register_auto_classes", "register_family", "speed_presets", "unregister_family"]
+           "ModelFamily", "architectures", "build_config", "build_model", "family_for", "get_adapter", "get_family", "ralimp_classes",
+           "register_auto_classes", "register_family", "shed_classes", "speed_presets", "unregister_family"]
