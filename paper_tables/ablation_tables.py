@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from lm_tables import (
+from paper_tables.lm_tables import (
     METHOD_NAMES,
     _fmt,
     _md,
@@ -23,14 +23,12 @@ from lm_tables import (
     report,
     write_outputs,
 )
-from lm_tables import main as lm_tables_main
-
+from paper_tables import spec as table_spec
 from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECT_NAMES = {"kq": "K,Q", "k": "K", "q": "Q"}
 SELECT_TEX = {"kq": "$\\mathbf{K},\\mathbf{Q}$", "k": "$\\mathbf{K}$", "q": "$\\mathbf{Q}$"}
-EXPERIMENTS = {"table2": "calibration_sensitivity", "table7": "calibration_sensitivity", "table16": "coupled_selection"}
 WIKI = "wiki_word_perplexity"
 
 
@@ -39,7 +37,7 @@ class AblationTable:
 
     def __init__(self, table: str, profile: str, experiment: str | None = None, results_root=None):
         self.table, self.profile = table, profile
-        self.experiment = experiment or EXPERIMENTS[table]
+        self.experiment = table_spec.owner(table, experiment)
         self.spec = load_experiment(self.experiment)
         self.models, self.cells, _ = table_cells(self.spec, table, profile)
         self.p = profile_spec(self.spec, profile)
@@ -195,7 +193,3 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
         report(written, md, t.missing)
     written["missing"] = t.missing
     return written
-
-
-def main(table: str, argv=None) -> int:
-    return lm_tables_main(table, argv, render_fn=render, experiment_help=f"default: {EXPERIMENTS[table]}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from lm_tables import (
+from paper_tables.lm_tables import (
     ACCURACIES,
     LMB,
     METHOD_NAMES,
@@ -24,7 +24,6 @@ from lm_tables import (
     ZS,
     Table,
     _fmt,
-    _save,
     comparison,
     rank_marks,
     reference_rows,
@@ -33,8 +32,8 @@ from lm_tables import (
     to_markdown,
     write_outputs,
 )
-from lm_tables import main as lm_tables_main
-
+from paper_tables.figures import save_figure
+from paper_tables.metrics import METRICS
 from state_reduction.pipeline import collect, table_evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,10 +73,10 @@ class SharedConvTable(Table):
 
 def layout_table14(t: SharedConvTable):
     """One row per variant; best bold, second underlined among the variants in each column."""
-    metrics = [WIKI, LMB] + [(k, h, False, 100.0) for k, h in ACCURACIES[t.suite]] + [(ZS[0], "Avg $\\uparrow$", False, 100.0)]
-    header = ["Model", "Shared Conv"] + [m[1] for m in metrics]
+    metrics = [WIKI, LMB] + [METRICS[k] for k in ACCURACIES[t.suite]] + [ZS.with_label("Avg $\\uparrow$")]
+    header = ["Model", "Shared Conv"] + [m.label for m in metrics]
     columns = [[t.get(k, "baseline", 0.0, False, m) for k in t.models] for m in metrics]
-    marks = [rank_marks(col, m[2]) for col, m in zip(columns, metrics)]
+    marks = [rank_marks(col, m.lower_is_better) for col, m in zip(columns, metrics)]
     rows = []
     for i, key in enumerate(t.models):
         rows.append([t.model_label(key), "".join(t.sharing(key))] + [(col[i], mk[i]) for col, mk in zip(columns, marks)])
@@ -172,7 +171,7 @@ def plot(t: SharedConvTable, stem: Path) -> list[Path]:
             ax.legend(fontsize=7)
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite)", fontsize=10)
     fig.tight_layout()
-    return _save(fig, stem, plt)
+    return save_figure(fig, stem)
 
 
 LAYOUTS = {"table14": layout_table14, "table15": layout_table15}
@@ -193,7 +192,3 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
         report(written, md, t.missing)
     written["missing"] = t.missing
     return written
-
-
-def main(table: str, argv=None) -> int:
-    return lm_tables_main(table, argv, render_fn=render, experiment_help=f"default: {EXPERIMENT}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "paper_tables" / "out"
 FIGURES = ROOT / "figures"
 
@@ -25,19 +25,6 @@ def load_results(profile: str, mode: str, make_target: str, results_root: Path |
         r["_path"] = str(p)
         results.append(r)
     return results
-
-
-def cli(doc: str, render) -> None:
-    """The renderers' command line: --profile, --results-root, --out-dir."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=doc)
-    ap.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
-    ap.add_argument("--results-root", default=None, help="default: results/ of this repository")
-    ap.add_argument("--out-dir", default=None, help="default: paper_tables/out (tables) or figures/ (figure 4)")
-    args = ap.parse_args()
-    for path in render(args.profile, results_root=args.results_root, out_dir=args.out_dir):
-        print(path)
 
 
 def reference(table: int) -> dict:

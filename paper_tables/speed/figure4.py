@@ -13,7 +13,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from speed_common import FIGURES, cli, label_of, load_results, merge_by_model, reference
+from paper_tables.figures import save_figure
+from paper_tables.speed.common import FIGURES, label_of, load_results, merge_by_model, reference
 
 COLOURS = {"r50": "tab:blue", "r75": "tab:red"}
 NAMES = {"r50": "50%", "r75": "75%"}
@@ -64,13 +65,4 @@ def render(profile: str, results_root=None, out_dir=None):
     hardware = "; ".join(sorted({r["extra"]["hardware"] for r in decode + prefill}))
     fig.suptitle(f"Figure 4 ({profile} profile). Ours: {hardware}. Paper: H100-SXM", fontsize=9)
     fig.tight_layout()
-    out_dir = Path(out_dir or FIGURES)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"figure4_{profile}.png", out_dir / f"figure4_{profile}.pdf"]
-    for p in paths:
-        fig.savefig(p, dpi=150)
-    return paths
-
-
-if __name__ == "__main__":
-    cli(__doc__, render)
+    return save_figure(fig, Path(out_dir or FIGURES) / f"figure4_{profile}", dpi=150)

@@ -6,8 +6,7 @@ paper_tables/out/table17_<profile>.tex and .md."""
 
 from __future__ import annotations
 
-from speed_common import (
-    cli,
+from paper_tables.speed.common import (
     fmt,
     label_of,
     load_results,
@@ -66,7 +65,3 @@ def render(profile: str, results_root=None, out_dir=None):
                      r"\end{tabular}", r"\end{table}", ""])
     md_text = "\n".join([f"Table 17 ({profile}): full-model decode. {hardware}. Paper: H100-SXM.", "", *md, ""])
     return write(f"table17_{profile}", tex, md_text, out_dir)
-
-
-if __name__ == "__main__":
-    cli(__doc__, render)

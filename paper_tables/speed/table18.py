@@ -6,8 +6,7 @@ paper_tables/out/table18_<profile>.tex and .md."""
 
 from __future__ import annotations
 
-from speed_common import (
-    cli,
+from paper_tables.speed.common import (
     fmt,
     label_of,
     load_results,
@@ -67,7 +66,3 @@ def render(profile: str, results_root=None, out_dir=None):
     md_text = "\n".join([f"Table 18 ({profile}): full-model prefill speedup. {hardware}. Paper: H100-SXM.", "", *md, "",
                          *[f"- {s}" for s in skipped], ""])
     return write(f"table18_{profile}", tex, md_text, out_dir)
-
-
-if __name__ == "__main__":
-    cli(__doc__, render)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speed_common import ROOT, cli, fmt, load_results, reference, tex_escape, write
+from paper_tables.speed.common import ROOT, fmt, load_results, reference, tex_escape, write
 
 
 def mixer_rows(results: list[dict]) -> tuple[list[list[str]], list[str]]:
@@ -79,7 +79,3 @@ def render(profile: str, results_root=None, out_dir=None):
         tex += "\n" + rtex
         md += f"\nDecode step ({profile}): {rcap}\n\n{rmd}"
     return write(f"table19_{profile}", tex, md, out_dir)
-
-
-if __name__ == "__main__":
-    cli(__doc__, render)
