@@ -13,7 +13,7 @@ from pathlib import Path
 
 from paper_tables import spec as table_spec
 from paper_tables.metrics import TableSpecError, closest
-from state_reduction.pipeline import load_experiment
+from state_reduction.pipeline import load_experiment, run_table
 
 # layouts as data: a `render: {layout: ...}` names one of these modules' LAYOUTS
 LAYOUT_MODULES = ["paper_tables.lm_tables", "paper_tables.long_context_tables"]
@@ -24,6 +24,10 @@ RENDERERS = {"calibration_sensitivity": "paper_tables.ablation_tables",
              "rank_analysis": "paper_tables.rank_tables",
              "mqar_recall": "paper_tables.figure_mqar",
              "state_vs_structure": "paper_tables.state_vs_structure"}
+# renderers that read the results of every table their experiment declares (e.g. figure_mqar and mqar_seeds)
+WHOLE_EXPERIMENT = {"mqar_recall", "state_vs_structure"}
+# experiments whose tables are computed by analyses (`state-reduction run-analysis`) rather than run-table
+ANALYSIS_EXPERIMENTS = {"rank_analysis"}
 # outputs that no pipeline experiment declares: speed benchmarks (`state-reduction bench`) and the RaLiMP benchmark
 UNDECLARED = {"table17": "paper_tables.speed.table17", "table18": "paper_tables.speed.table18",
               "table19": "paper_tables.speed.table19", "figure4": "paper_tables.speed.figure4",
@@ -78,6 +82,24 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
         return module.render(profile, results_root, out_root=out_root, figures_root=figures_root)
     return module.render(table, profile, experiment, results_root, out_root=out_root, figures_root=figures_root,
                          quiet=quiet)
+
+
+def run_missing(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
+                seeds=None) -> list[Path]:
+    """Run what `table`'s results lack, through its experiment's runner (run-table, or run-analysis for the rank
+    analysis); return the result files. Undeclared outputs (speed, RaLiMP) have their own runners: nothing here."""
+    if table in UNDECLARED:
+        return []
+    experiment = table_spec.owner(table, experiment)
+    spec = load_experiment(experiment)
+    if spec["experiment"] in ANALYSIS_EXPERIMENTS:
+        # imported when asked for: rendering alone does not load the analysis stack
+        from state_reduction.analysis.experiment import run_analyses
+
+        return run_analyses(table, profile, experiment, results_root=results_root)
+    tables = list(spec["tables"]) if spec["experiment"] in WHOLE_EXPERIMENT else [table]
+    return [p for t in tables for p in run_table(experiment, t, profile, results_root=results_root,
+                                                   seeds=seeds if t == table else None)]
 
 
 def _render_undeclared(table, profile, results_root, out_root, figures_root, seeds):

@@ -1,7 +1,7 @@
 """Render the recall figure of experiments/mqar_recall from its result JSON: MQAR accuracy against the number of
 key-value pairs, dense / 50% / 75% key reduction, one panel per (family, selector).
 
-`python paper_tables/figure_mqar.py [--profile tiny]` writes figures/<profile>/figure_mqar.png/.pdf and
+`state-reduction render figure_mqar [--profile tiny]` writes figures/<profile>/figure_mqar.png/.pdf and
 paper_tables/out/<profile>/figure_mqar.md (the numbers behind the figure, and per family and selector the largest
 loss at 75% against the dense model, with whether it reaches 10 points).
 

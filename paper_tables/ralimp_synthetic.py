@@ -5,7 +5,7 @@ Writes paper_tables/out/<profile>/ralimp_synthetic.{tex,md}, ralimp_synthetic_vs
 figures/<profile>/ralimp_synthetic_fig2.{png,pdf}, ralimp_synthetic_budget.{png,pdf}. Cells: mean train MSE over
 seeds with its 95% t-interval (state_reduction.stats.mean_ci); missing cells render as "--" and are listed.
 
-    python paper_tables/ralimp_synthetic.py [--profile tiny|paper]
+    state-reduction render ralimp_synthetic [--profile tiny|paper]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Render experiments/state_vs_structure (issue 16) from result JSON: key-channel state reduction vs Mamba-Shedder
 mixer removal vs both, at equal recurrent-state budgets.
 
-`python paper_tables/state_vs_structure.py [--profile tiny|paper]` writes
+`state-reduction render state_vs_structure [--profile tiny|paper]` writes
 paper_tables/out/<profile>/state_vs_structure.md (per model, method and ratio: state, parameters and FLOPs kept,
 decode speedup, perplexity pre-/post-RFT as mean [95% t-interval] over calibration seeds),
 state_vs_structure_vs_paper.md (the paper's and Mamba-Shedder's own headline numbers beside ours) and the Pareto

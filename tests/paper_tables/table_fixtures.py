@@ -4,7 +4,8 @@ FIXTURES, not measurements: every evaluation result a table reads (the pipeline'
 baselines, pre- and post-RFT evaluations of every cell, replicate and variation) is written with deterministic
 made-up metrics, a few results left out (holes) and a few metrics NaN, so that the renderers' marks, holes,
 confidence intervals and comparisons are all exercised. The rendered LaTeX / Markdown of these fixtures is
-saved under tests/paper_tables/golden/ (`python tests/paper_tables/table_fixtures.py`) and compared byte for
+saved under tests/paper_tables/golden/ (`python tests/paper_tables/table_fixtures.py`; the goldens were rendered
+with `--scripts` by the per-table scripts of b558dfa, before paper_tables became a package) and compared byte for
 byte by test_golden.py.
 """
 
@@ -24,6 +25,8 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 TABLES = ["table1", "table3", "table8", "table9", "table10", "table12", "table13", "table20", "table21", "table22",
           "table23", "table24", "table2", "table7", "table16", "table4", "table11", "table14", "table15"]
 PROFILES = ["tiny", "paper"]
+# rendered a second time with replicate seeds (mean ± CI half-width), as `<table>_seeds` goldens
+SEEDED = {"table20": [0, 1, 2]}
 PPL = ["wiki_word_perplexity", "lambada_ppl", "ptb_word_perplexity"]
 ACC = ["zero_shot_avg", "arc_easy_acc_norm", "arc_challenge_acc_norm", "hellaswag_acc_norm", "winogrande_acc",
        "piqa_acc_norm", "lambada_acc", "continuation_acc_norm", "next_sentence_acc", "ruler_2k_acc", "ruler_4k_acc",
@@ -59,52 +62,66 @@ def write_fixtures(results_root: Path, tables=TABLES, profiles=PROFILES) -> int:
     template["provenance"] = {"fixture": True}
     template["created"] = "2026-01-01T00:00:00+00:00"
     written = set()
-    for profile in profiles:
-        for table in tables:
-            plan = plan_table(None, table, profile, stages=("baseline", "eval-pre", "eval-post"))
-            for jobs in plan["stages"].values():
-                for name, config in jobs:
-                    path = Path(results_root) / profile / plan["experiment"] / f"{name}.json"
-                    if path in written or _unit(profile, name, json.dumps(config.get("vary", {}))) < 1 / 15:
-                        continue
-                    record = copy.deepcopy(template)
-                    record.update(profile=profile, experiment=plan["experiment"], config=config,
-                                  config_key=config_key(config), metrics=fixture_metrics(name, config))
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text(json.dumps(record, indent=1, sort_keys=True))
-                    written.add(path)
+    plans = [(profile, table, seeds) for profile in profiles for table in tables
+             for seeds in ([None] + ([SEEDED[table]] if table in SEEDED else []))]
+    for profile, table, seeds in plans:
+        plan = plan_table(None, table, profile, stages=("baseline", "eval-pre", "eval-post"), seeds=seeds)
+        for jobs in plan["stages"].values():
+            for name, config in jobs:
+                path = Path(results_root) / profile / plan["experiment"] / f"{name}.json"
+                if path in written or _unit(profile, name, json.dumps(config.get("vary", {}))) < 1 / 15:
+                    continue
+                record = copy.deepcopy(template)
+                record.update(profile=profile, experiment=plan["experiment"], config=config,
+                              config_key=config_key(config), metrics=fixture_metrics(name, config))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(record, indent=1, sort_keys=True))
+                written.add(path)
     return len(written)
 
 
 OUTPUTS = (".tex", ".md", "_vs_paper.md")
 
 
-def golden_files(profile: str, table: str) -> list[Path]:
-    return [GOLDEN / profile / f"{table}{suffix}" for suffix in OUTPUTS]
+def golden_files(profile: str, table: str, seeded: bool = False) -> list[Path]:
+    return [GOLDEN / profile / f"{table}{'_seeds' if seeded else ''}{suffix}" for suffix in OUTPUTS]
 
 
-if __name__ == "__main__":
+def main(argv=None) -> None:
     import argparse
     import subprocess
     import sys
     import tempfile
 
-    repo = Path(__file__).resolve().parents[2]
-    ap = argparse.ArgumentParser(description="write the fixture results and render them into the goldens")
-    ap.add_argument("--scripts", type=Path, default=repo / "paper_tables",
-                    help="the folder of the per-table scripts that render the goldens (a checkout of the code before "
-                         "the change)")
+    ap = argparse.ArgumentParser(description="write the fixture results and render them into the goldens (only for "
+                                             "an intended change of the rendered tables, named in its commit)")
+    ap.add_argument("--scripts", type=Path, default=None,
+                    help="render with the per-table scripts of this folder (paper_tables/ of a checkout before the "
+                         "package, e.g. b558dfa) instead of paper_tables.render")
     ap.add_argument("--profiles", nargs="+", default=PROFILES)
-    args = ap.parse_args()
+    ap.add_argument("--tables", nargs="+", default=TABLES)
+    args = ap.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="table_fixtures_"))
     print(write_fixtures(root / "results", profiles=args.profiles), "fixture results in", root)
-    for profile in args.profiles:
-        for table in TABLES:
+    cases = [(p, t, None) for p in args.profiles for t in args.tables]
+    cases += [(p, t, SEEDED[t]) for p in args.profiles for t in args.tables if t in SEEDED]
+    for profile, table, seeds in cases:
+        out = root / ("out_seeds" if seeds else "out")
+        if args.scripts is not None:
             subprocess.run([sys.executable, str(args.scripts / f"{table}.py"), "--profile", profile,
-                            "--results-root", str(root / "results"), "--out-root", str(root / "out")],
-                           check=True, stdout=subprocess.DEVNULL)
-            for src, dst in zip([root / "out" / profile / f"{table}{s}" for s in OUTPUTS],
-                                golden_files(profile, table)):
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                dst.write_bytes(src.read_bytes())
+                            "--results-root", str(root / "results"), "--out-root", str(out)]
+                           + (["--seeds", *map(str, seeds)] if seeds else []), check=True, stdout=subprocess.DEVNULL)
+        else:
+            import paper_tables
+
+            paper_tables.render(table, profile, results_root=root / "results", out_root=out,
+                                figures_root=out / "figures", quiet=True, seeds=seeds)
+        for src, dst in zip([out / profile / f"{table}{s}" for s in OUTPUTS],
+                            golden_files(profile, table, seeded=bool(seeds))):
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(src.read_bytes())
     print("goldens in", GOLDEN)
+
+
+if __name__ == "__main__":
+    main()
