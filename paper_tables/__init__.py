@@ -16,7 +16,7 @@ from paper_tables.metrics import TableSpecError, closest
 from state_reduction.pipeline import load_experiment, run_table
 
 # layouts as data: a `render: {layout: ...}` names one of these modules' LAYOUTS
-LAYOUT_MODULES = ["paper_tables.lm_tables", "paper_tables.long_context_tables"]
+LAYOUT_MODULES = ["paper_tables.lm_tables", "paper_tables.long_context_tables", "paper_tables.shared_conv_tables"]
 # tables whose layout is still code: the renderer of their owning experiment (it renders the experiment's outputs)
 RENDERERS = {"calibration_sensitivity": "paper_tables.ablation_tables",
              "coupled_selection": "paper_tables.ablation_tables",

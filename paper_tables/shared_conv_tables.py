@@ -17,11 +17,8 @@ import math
 from pathlib import Path
 
 from paper_tables.lm_tables import (
-    ACCURACIES,
-    LMB,
     METHOD_NAMES,
     WIKI,
-    ZS,
     Table,
     _fmt,
     comparison,
@@ -33,7 +30,8 @@ from paper_tables.lm_tables import (
     write_outputs,
 )
 from paper_tables.figures import save_figure
-from paper_tables.metrics import METRICS
+from paper_tables import spec as table_spec
+from paper_tables.metrics import Metric
 from state_reduction.pipeline import collect, table_evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,9 +69,9 @@ class SharedConvTable(Table):
         return SHARING[self.p["models"][key]["stands_for"][0]]
 
 
-def layout_table14(t: SharedConvTable):
-    """One row per variant; best bold, second underlined among the variants in each column."""
-    metrics = [WIKI, LMB] + [METRICS[k] for k in ACCURACIES[t.suite]] + [ZS.with_label("Avg $\\uparrow$")]
+def layout_variants(t: SharedConvTable, metrics: list[Metric]):
+    """Table 14: one row per pretrained variant (the dense models); best bold, second underlined among the variants
+    in each column."""
     header = ["Model", "Shared Conv"] + [m.label for m in metrics]
     columns = [[t.get(k, "baseline", 0.0, False, m) for k in t.models] for m in metrics]
     marks = [rank_marks(col, m.lower_is_better) for col, m in zip(columns, metrics)]
@@ -83,7 +81,7 @@ def layout_table14(t: SharedConvTable):
     return header, rows
 
 
-def layout_table15(t: SharedConvTable):
+def layout_table15(t: SharedConvTable, metrics: list[Metric] | None = None):
     """(ratio, method) rows as in the paper, then the dense 0% row; one column per model; best bold, second
     underlined among the methods at a ratio."""
     keys = [t.key_of(name) for name in TABLE15_COLUMNS]
@@ -174,7 +172,9 @@ def plot(t: SharedConvTable, stem: Path) -> list[Path]:
     return save_figure(fig, stem)
 
 
-LAYOUTS = {"table14": layout_table14, "table15": layout_table15}
+# `render: {layout: variants}` (Table 14's data in its config); Table 15's layout is code (models as columns,
+# Wiki only, with the paper's claims beside it)
+LAYOUTS = {"variants": layout_variants}
 
 
 def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
@@ -182,7 +182,11 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
     if experiment not in (None, EXPERIMENT):
         raise ValueError(f"{table} is rendered from experiment {EXPERIMENT!r}, not {experiment!r}")
     t = SharedConvTable(table, profile, results_root)
-    header, rows = LAYOUTS[table](t)
+    if "render" in t.spec["tables"][table]:
+        layout = table_spec.render_spec(t.spec, table, profile, LAYOUTS, EXPERIMENT)
+        header, rows = LAYOUTS[layout["layout"]](t, layout["columns"])
+    else:
+        header, rows = layout_table15(t)
     md = to_markdown(header, rows)
     vs_paper = comparison(t) if table == "table14" else comparison_table15(t)
     tex = to_latex(t, header, rows).replace("paper_tables/lm_tables.py", "paper_tables/shared_conv_tables.py")
