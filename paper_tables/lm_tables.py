@@ -18,8 +18,10 @@ import math
 from pathlib import Path
 
 from paper_tables import spec as table_spec
+from paper_tables import writers
 from paper_tables.figures import save_figure
 from paper_tables.metrics import METRICS, Metric
+from paper_tables.writers import fmt as _fmt
 from state_reduction.pipeline import (
     CONTROL,
     collect,
@@ -121,17 +123,6 @@ class Table:
         return f"tiny {key} (for {', '.join(names)})" if self.profile == "tiny" else names[0]
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "--"
-    return f"{v:.1f}" if abs(v) < 1e5 else f"{v:.3g}"
-
-
-def _fmt_ci(v, half_width, template: str = "{mean} ± {hw}") -> str:
-    """The mean, with the half-width of its 95% CI when the cell has two or more replicates."""
-    return _fmt(v) if v is None or half_width is None else template.format(mean=_fmt(v), hw=_fmt(half_width))
-
-
 def rank_marks(values: list, lower_is_better: bool) -> list[str]:
     """'best' / 'second' / '' per value (None never ranks); ties share the mark."""
     present = sorted({v for v in values if v is not None}, reverse=not lower_is_better)
@@ -139,16 +130,6 @@ def rank_marks(values: list, lower_is_better: bool) -> list[str]:
     second = present[1] if len(present) > 1 and len(values) > 2 else None  # of two, the other is simply worse
     return ["best" if v is not None and v == best else "second" if v is not None and v == second else ""
             for v in values]
-
-
-def _tex(v, mark, half_width=None) -> str:
-    s = _fmt_ci(v, half_width, "{mean}{{\\scriptsize$\\pm${hw}}}")
-    return f"\\textbf{{{s}}}" if mark == "best" else f"\\underline{{{s}}}" if mark == "second" else s
-
-
-def _md(v, mark, half_width=None) -> str:
-    s = _fmt_ci(v, half_width)
-    return f"**{s}**" if mark == "best" else f"<u>{s}</u>" if mark == "second" else s
 
 
 def _column_marks(t: Table, model, ratio, rft, metric) -> dict:
@@ -285,16 +266,9 @@ COMPARED = [WIKI, LMB, ZS] + [METRICS[k] for k in ACCURACIES["paper"]] + LONG_CO
 
 def to_latex(t: Table, header, rows) -> str:
     n_text = sum(1 for c in rows[0] if isinstance(c, str))
-    spec = "l" * n_text + "r" * (len(header) - n_text)
-    lines = [(f"% {t.table} ({t.profile} profile) rendered by paper_tables/lm_tables.py from "
-              f"results/{t.profile}/{t.experiment}/; suite {t.suite}; best bold, second underlined among methods"),
-             f"\\begin{{tabular}}{{{spec}}}", "\\toprule", " & ".join(header) + " \\\\", "\\midrule"]
-    for r in rows:
-        # '%' would start a LaTeX comment and swallow the rest of the row
-        lines.append(" & ".join(c.replace("_", "\\_").replace("%", "\\%") if isinstance(c, str) else _tex(*c)
-                                for c in r) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    return "\n".join(lines) + "\n"
+    return writers.latex(f"{t.table} ({t.profile} profile) rendered by paper_tables/lm_tables.py from "
+                         f"results/{t.profile}/{t.experiment}/; suite {t.suite}; best bold, second underlined among "
+                         "methods", header, rows, "l" * n_text + "r" * (len(header) - n_text))
 
 
 def _plain(header: str) -> str:
@@ -302,10 +276,7 @@ def _plain(header: str) -> str:
 
 
 def to_markdown(header, rows) -> str:
-    clean = [_plain(h) for h in header]
-    lines = ["| " + " | ".join(clean) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c if isinstance(c, str) else _md(*c) for c in r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return writers.markdown([_plain(h) for h in header], rows)
 
 
 # -- comparison with the published numbers -------------------------------------------------------------------

@@ -168,8 +168,11 @@ def _cmd_run_table(args) -> int:
 
 def _cmd_render(args) -> int:
     # paper_tables sits beside src/ (renderers import the library, never the reverse): imported when asked for
-    from paper_tables import render
+    from paper_tables import render, run_missing
 
+    if args.run:
+        paths = run_missing(args.table, args.profile, args.experiment, args.results_root, seeds=args.seeds)
+        print(f"{args.table} ({args.profile}): {len(paths)} result files")
     figures = args.out_root / "figures" if args.out_root is not None else None
     out = render(args.table, args.profile, args.experiment, args.results_root, out_root=args.out_root,
                  figures_root=figures, seeds=args.seeds)
@@ -292,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--out-root", default=None, type=Path,
                     help="write OUT_ROOT/<profile>/<table>.* and OUT_ROOT/figures/<profile>/ instead of "
                          "paper_tables/out/ and figures/")
+    rd.add_argument("--run", action="store_true",
+                    help="first run what the table's results lack (run-table, or run-analysis for the rank analysis)")
     rd.set_defaults(func=_cmd_render)
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)
