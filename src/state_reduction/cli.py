@@ -172,7 +172,8 @@ def _cmd_render(args) -> int:
 
     if args.run:
         paths = run_missing(args.table, args.profile, args.experiment, args.results_root, seeds=args.seeds)
-        print(f"{args.table} ({args.profile}): {len(paths)} result files")
+        if paths:
+            print(f"{args.table} ({args.profile}): {len(paths)} result files in {paths[0].parent}")
     figures = args.out_root / "figures" if args.out_root is not None else None
     out = render(args.table, args.profile, args.experiment, args.results_root, out_root=args.out_root,
                  figures_root=figures, seeds=args.seeds)
