@@ -33,9 +33,6 @@ from paper_tables.lm_tables import (
 from paper_tables.metrics import Metric
 from state_reduction.pipeline import load_experiment
 
-EXPERIMENT = "long_context"
-
-
 def _cells(t: Table, model, method, ratio, metrics) -> list:
     return [(t.get(model, method, ratio, True, m), "" if method == "baseline" else
              _column_marks(t, model, ratio, True, m)[method]) for m in metrics]

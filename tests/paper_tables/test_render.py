@@ -104,3 +104,21 @@ def test_pre_post_ranks_at_the_tables_ratio(tmp_path):
                            out_root=tmp_path / "out", figures_root=tmp_path / "fig", quiet=True)
     rows = {r.split(" & ")[1]: r.split(" & ")[2] for r in out["tex"].read_text().splitlines() if " & " in r}
     assert rows["DRRQR"] == "\\textbf{40.0}" and rows["L1"] == "\\underline{50.0}" and rows["Rand"] == "90.0"
+
+
+def test_one_make_rule_renders_every_table_and_figure():
+    """`make -n TARGET` of every declared table and figure (and the speed outputs) is the generic rule:
+    `state-reduction render TARGET --run`, after the speed tables' bench results."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.fail("make is not installed")
+    root = Path(paper_tables.__file__).resolve().parents[1]
+    targets = [t for t in spec.declared_tables() if t.startswith(("table", "figure"))] + \
+        ["table17", "table18", "table19", "figure4"]
+    for target in targets:
+        out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "-o", "setup", target, "PROFILE=tiny"],
+                             cwd=root, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, (target, out.stderr)
+        assert f"state-reduction render {target} --profile tiny --run" in out.stdout, (target, out.stdout)
