@@ -8,9 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 PROFILE ?= tiny
 PYTEST_ARGS ?=
 SEEDS ?=
-LM_TABLES := table1 table3 table8 table9 table10 table12 table13 table20 table21 table22 table23 table24
 
-.PHONY: setup test $(LM_TABLES) tiny-models tokenizer clean-venv help
+.PHONY: setup test tiny-models tokenizer clean-venv help
 
 help:
 	@echo "make table20   Table 20 (profile $(PROFILE)) as LaTeX and plots; also table1, table21 ... table24"
@@ -42,15 +41,18 @@ tokenizer: setup
 tiny-models: setup
 	$(VENV)/bin/state-reduction pretrain experiments/tiny_models/configs/*.yaml
 
-# The language-modelling tables, each from the experiment whose config.yaml declares it (deltanet_gdn: 1, 20-24;
-# mamba2: 3, 8-10; qwen3_5: 12, 13): each runs what is missing (dense baseline, prune with the table's methods,
-# evaluate pre-RFT, RFT, evaluate post-RFT), then renders LaTeX, Markdown, the comparison with the paper and
-# the figure. A second run reruns nothing. `state-reduction run-table TABLE --profile paper --dry-run` prints
-# the plan without running it.
-# SEEDS="0 1 2": replicate seeds (calibration draw + RFT run each); the tables then show mean ± 95% CI.
-$(LM_TABLES): setup
-	$(VENV)/bin/state-reduction run-table $@ --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS))
-	$(PY) paper_tables/$@.py --profile $(PROFILE) $(if $(SEEDS),--seeds $(SEEDS))
+# Every paper table and figure (`make table20`, `make figure2`, ...): one rule. The experiment whose config.yaml
+# declares the table runs what its results lack (`state-reduction render TABLE --run`: run-table, i.e. dense
+# baseline, prune, evaluate pre-RFT, RFT, evaluate post-RFT; run-analysis for the rank analysis), then the table is
+# rendered from result files only: LaTeX, Markdown, the comparison with the paper, the figure. A second run
+# reruns nothing. `state-reduction run-table TABLE --profile paper --dry-run` prints the plan without running it.
+# SEEDS="0 1 2": replicate seeds (calibration draw + RFT run each); the LM tables then show mean ± 95% CI.
+# Speed tables (17-19, figure 4) have their bench results as prerequisites below.
+RENDER = $(VENV)/bin/state-reduction render $@ --profile $(PROFILE) --run $(if $(SEEDS),--seeds $(SEEDS))
+table%: setup
+	$(RENDER)
+figure%: setup
+	$(RENDER)
 
 clean-venv:
 	rm -rf $(VENV)
@@ -58,7 +60,6 @@ clean-venv:
 # Speed (paper G.1, Tables 17-19, Figure 4). Tiny profile: CPU benchmarks (torch references, 1 thread) run only
 # when their result file is missing, then the renderers. Paper profile: results come from a GPU machine
 # (scripts/gpu_check.sh, or `state-reduction bench ... --device cuda --profile paper`).
-.PHONY: table17 table18 table19 figure4
 SPEED_RESULTS := results/$(PROFILE)/speed
 BENCH := $(VENV)/bin/state-reduction bench
 TINY_CKPT := experiments/tiny_models/checkpoints
@@ -76,24 +77,10 @@ $(SPEED_RESULTS)/recurrence_gdn_cpu.json: | setup
 	@test "$(PROFILE)" = tiny || { echo "$@ missing: paper-profile speed results are measured on a GPU (scripts/gpu_check.sh)"; exit 2; }
 	$(BENCH) recurrence --warmup 3 --steps 20 --repeats 5 --out $@
 
-table17: setup $(SPEED_RESULTS)/decode_gated_deltanet_cpu.json $(SPEED_RESULTS)/decode_deltanet_cpu.json
-	$(PY) paper_tables/table17.py --profile $(PROFILE)
-table18: setup $(SPEED_RESULTS)/prefill_gated_deltanet_cpu.json $(SPEED_RESULTS)/prefill_deltanet_cpu.json
-	$(PY) paper_tables/table18.py --profile $(PROFILE)
-table19: setup $(SPEED_RESULTS)/mixer_gdn_cpu.json $(SPEED_RESULTS)/recurrence_gdn_cpu.json
-	$(PY) paper_tables/table19.py --profile $(PROFILE)
-figure4: setup $(SPEED_RESULTS)/decode_gated_deltanet_cpu.json $(SPEED_RESULTS)/prefill_gated_deltanet_cpu.json
-	$(PY) paper_tables/figure4.py --profile $(PROFILE)
-
-# Pruning ablations (experiments/calibration_sensitivity: Tables 2 and 7; experiments/coupled_selection: Table 16):
-# prune and evaluate pre-RFT (WikiText-2 perplexity only) what is missing, then render ours beside the paper.
-.PHONY: table2 table7 table16
-table2 table7: setup
-	$(VENV)/bin/state-reduction run-table $@ --experiment calibration_sensitivity --profile $(PROFILE)
-	$(PY) paper_tables/$@.py --profile $(PROFILE)
-table16: setup
-	$(VENV)/bin/state-reduction run-table $@ --experiment coupled_selection --profile $(PROFILE)
-	$(PY) paper_tables/$@.py --profile $(PROFILE)
+table17: $(SPEED_RESULTS)/decode_gated_deltanet_cpu.json $(SPEED_RESULTS)/decode_deltanet_cpu.json
+table18: $(SPEED_RESULTS)/prefill_gated_deltanet_cpu.json $(SPEED_RESULTS)/prefill_deltanet_cpu.json
+table19: $(SPEED_RESULTS)/mixer_gdn_cpu.json $(SPEED_RESULTS)/recurrence_gdn_cpu.json
+figure4: $(SPEED_RESULTS)/decode_gated_deltanet_cpu.json $(SPEED_RESULTS)/prefill_gated_deltanet_cpu.json
 
 # The generated verdict blocks of the experiment READMEs, decided from results (state_reduction/claims.py).
 .PHONY: verdicts

@@ -5,7 +5,5 @@
 recall-models: setup
 	$(VENV)/bin/state-reduction pretrain $(sort $(wildcard experiments/tiny_models/configs/*_mqar*.yaml))
 
-figure-mqar: setup
-	$(VENV)/bin/state-reduction run-table figure_mqar --experiment mqar_recall --profile $(PROFILE)
-	$(VENV)/bin/state-reduction run-table mqar_seeds --experiment mqar_recall --profile $(PROFILE)
-	$(PY) paper_tables/figure_mqar.py --profile $(PROFILE)
+# figure_mqar (the generic figure rule) runs both tables of the experiment (figure_mqar, mqar_seeds), then renders
+figure-mqar: figure_mqar

@@ -9,5 +9,5 @@ ralimp-synthetic: setup
 	@pids=""; for i in $$(seq 0 $$(($(RALIMP_WORKERS) - 1))); do \
 	  $(PY) -m state_reduction.ralimp.benchmark --profile $(PROFILE) --worker $$i/$(RALIMP_WORKERS) & pids="$$pids $$!"; \
 	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; exit $$rc
-	$(PY) paper_tables/ralimp_synthetic.py --profile $(PROFILE)
+	$(VENV)/bin/state-reduction render ralimp_synthetic --profile $(PROFILE)
 	$(VENV)/bin/state-reduction verdicts ralimp_synthetic --profile $(PROFILE) --write

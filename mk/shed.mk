@@ -6,6 +6,4 @@
 # `state-reduction run-table state_vs_structure --experiment state_vs_structure --profile paper --dry-run`: the plan.
 .PHONY: state_vs_structure
 state_vs_structure: setup
-	$(VENV)/bin/state-reduction run-table state_vs_structure --experiment state_vs_structure --profile $(PROFILE)
-	$(VENV)/bin/state-reduction run-table state_vs_structure_rft --experiment state_vs_structure --profile $(PROFILE)
-	$(PY) paper_tables/state_vs_structure.py --profile $(PROFILE)
+	$(RENDER)

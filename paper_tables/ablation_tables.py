@@ -13,24 +13,21 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from lm_tables import (
+from paper_tables.lm_tables import (
     METHOD_NAMES,
-    _fmt,
-    _md,
-    _tex,
     rank_marks,
     reference_rows,
     report,
     write_outputs,
 )
-from lm_tables import main as lm_tables_main
-
+from paper_tables import spec as table_spec
+from paper_tables import writers
+from paper_tables.writers import fmt as _fmt
 from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECT_NAMES = {"kq": "K,Q", "k": "K", "q": "Q"}
 SELECT_TEX = {"kq": "$\\mathbf{K},\\mathbf{Q}$", "k": "$\\mathbf{K}$", "q": "$\\mathbf{Q}$"}
-EXPERIMENTS = {"table2": "calibration_sensitivity", "table7": "calibration_sensitivity", "table16": "coupled_selection"}
 WIKI = "wiki_word_perplexity"
 
 
@@ -39,7 +36,7 @@ class AblationTable:
 
     def __init__(self, table: str, profile: str, experiment: str | None = None, results_root=None):
         self.table, self.profile = table, profile
-        self.experiment = experiment or EXPERIMENTS[table]
+        self.experiment = table_spec.owner(table, experiment)
         self.spec = load_experiment(self.experiment)
         self.models, self.cells, _ = table_cells(self.spec, table, profile)
         self.p = profile_spec(self.spec, profile)
@@ -157,21 +154,14 @@ LAYOUTS = {"table2": layout_calibration, "table7": layout_calibration, "table16"
 
 
 def to_latex(t: AblationTable, header, rows) -> str:
-    spec = "l" + "r" * (len(header) - 1)
-    lines = [(f"% {t.table} ({t.profile} profile) rendered by paper_tables/ablation_tables.py from "
-              f"results/{t.profile}/{t.experiment}/; WikiText-2 word perplexity, pre-RFT"),
-             f"\\begin{{tabular}}{{{spec}}}", "\\toprule", " & ".join(h.replace("_", "\\_") for h in header) + " \\\\",
-             "\\midrule"]
-    lines += [" & ".join(c.replace("_", "\\_") if isinstance(c, str) else _tex(*c) for c in r) + " \\\\" for r in rows]
-    return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"]) + "\n"
+    return writers.latex(f"{t.table} ({t.profile} profile) rendered by paper_tables/ablation_tables.py from "
+                         f"results/{t.profile}/{t.experiment}/; WikiText-2 word perplexity, pre-RFT",
+                         [h.replace("_", "\\_") for h in header], rows, "l" + "r" * (len(header) - 1))
 
 
 def to_markdown(header, rows) -> str:
-    clean = [h.replace("$\\mathbf{K},\\mathbf{Q}$", "K,Q").replace("$\\mathbf{K}$", "K").replace("$\\mathbf{Q}$", "Q")
-             for h in header]
-    lines = ["| " + " | ".join(clean) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c if isinstance(c, str) else _md(*c) for c in r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return writers.markdown([h.replace("$\\mathbf{K},\\mathbf{Q}$", "K,Q").replace("$\\mathbf{K}$", "K")
+                             .replace("$\\mathbf{Q}$", "Q") for h in header], rows)
 
 
 def comparison(t: AblationTable, header, rows) -> str:
@@ -195,7 +185,3 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
         report(written, md, t.missing)
     written["missing"] = t.missing
     return written
-
-
-def main(table: str, argv=None) -> int:
-    return lm_tables_main(table, argv, render_fn=render, experiment_help=f"default: {EXPERIMENTS[table]}")

@@ -1,7 +1,7 @@
 """Render the recall figure of experiments/mqar_recall from its result JSON: MQAR accuracy against the number of
 key-value pairs, dense / 50% / 75% key reduction, one panel per (family, selector).
 
-`python paper_tables/figure_mqar.py [--profile tiny]` writes figures/<profile>/figure_mqar.png/.pdf and
+`state-reduction render figure_mqar [--profile tiny]` writes figures/<profile>/figure_mqar.png/.pdf and
 paper_tables/out/<profile>/figure_mqar.md (the numbers behind the figure, and per family and selector the largest
 loss at 75% against the dense model, with whether it reaches 10 points).
 
@@ -11,17 +11,15 @@ a 95% t-interval over seeds (the header says which).
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from paper_tables.figures import save_figure
+from state_reduction.evaluation.mqar import CELL_PAIRS, cell_name
+from state_reduction.pipeline import collect, load_experiment, profile_spec
 
-from state_reduction.evaluation.mqar import CELL_PAIRS, cell_name  # noqa: E402
-from state_reduction.pipeline import collect, load_experiment, profile_spec  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 EXPERIMENT = "mqar_recall"
 METHOD_NAMES = {"rand": "Rand", "l1": "L1", "wanda": "S-Wanda", "grad": "Grad", "drrqr": "DRRQR"}
@@ -61,7 +59,7 @@ def summary(values: list[float], ses: list[float]) -> tuple[float, float, str]:
     return mean, _t95(n) * sd / math.sqrt(n), f"95% t-CI over {n} seeds"
 
 
-def render(profile: str, results_root=None) -> list[Path]:
+def render(profile: str, results_root=None, out_root: Path | None = None, figures_root: Path | None = None) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,11 +120,7 @@ def render(profile: str, results_root=None) -> list[Path]:
         lines.append("")
     fig.legend(loc="upper center", ncol=2 * (len(ratios) + 1), fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    out_fig = ROOT / "figures" / profile
-    out_fig.mkdir(parents=True, exist_ok=True)
-    paths = [out_fig / "figure_mqar.png", out_fig / "figure_mqar.pdf"]
-    for p in paths:
-        fig.savefig(p, dpi=130)
+    paths = save_figure(fig, (figures_root or ROOT / "figures") / profile / "figure_mqar", dpi=130)
     if verdict_rows:
         top = max(ratios)
         lines += [f"## Does the testbed discriminate? Largest loss at {round(top * 100)}% against dense", "",
@@ -139,21 +133,7 @@ def render(profile: str, results_root=None) -> list[Path]:
         hits = [v for v in verdict_rows if v[3] >= DISCRIMINATES]
         lines += ["", f"{len(hits)} of {len(verdict_rows)} (family, selector) pairs lose >= 10 points at "
                   f"{round(top * 100)}% on at least one cell."]
-    out_md = ROOT / "paper_tables" / "out" / profile / "figure_mqar.md"
+    out_md = (out_root or ROOT / "paper_tables" / "out") / profile / "figure_mqar.md"
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text("\n".join(lines) + "\n")
     return paths + [out_md]
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--profile", default="tiny", choices=["tiny"])
-    ap.add_argument("--results-root", default=None)
-    args = ap.parse_args()
-    for p in render(args.profile, args.results_root):
-        print(p)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,8 +1,9 @@
 """Render the language-modelling tables (Tables 1, 3, 8, 9, 10, 12, 13, 20-24) from result JSON.
 
 Reads only result files (results/<profile>/<experiment>/*.json, through state_reduction.pipeline.collect)
-and the experiment's config.yaml (which cells a table has; the experiment is the one that declares the
-table unless given). Writes, per table:
+and the experiment's config.yaml (which cells a table has, and under `tables.<table>.render` its layout and
+columns by metric id: paper_tables/spec.py; the experiment is the one that declares the table unless given).
+Writes, per table:
   paper_tables/out/<profile>/<table>.tex   the paper's layout; best bold, second underlined among methods
   paper_tables/out/<profile>/<table>.md    the same as Markdown
   paper_tables/out/<profile>/<table>_vs_paper.md   our numbers beside the paper's published ones
@@ -16,11 +17,14 @@ import json
 import math
 from pathlib import Path
 
-from state_reduction.stats import mean_ci
+from paper_tables import spec as table_spec
+from paper_tables import writers
+from paper_tables.figures import save_figure
+from paper_tables.metrics import METRICS, Metric
+from paper_tables.writers import fmt as _fmt
 from state_reduction.pipeline import (
     CONTROL,
     collect,
-    find_experiment,
     load_experiment,
     profile_spec,
     table_cells,
@@ -28,42 +32,33 @@ from state_reduction.pipeline import (
     table_methods,
     table_seeds,
 )
+from state_reduction.stats import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "paper_tables" / "reference_data"
 METHOD_ORDER = ["l1", "rand", "drrqr", "grad", "wanda"]
 METHOD_NAMES = {"l1": "L1", "rand": "Rand", "drrqr": "DRRQR", "grad": "Grad", "wanda": "S-Wanda", "baseline": "Baseline",
                 CONTROL: "Dense+RFT"}
-# (metric key in results, header, lower is better, scale)
-WIKI = ("wiki_word_perplexity", "Wiki $\\downarrow$", True, 1.0)
-LMB = ("lambada_ppl", "LMB $\\downarrow$", True, 1.0)
-ZS = ("zero_shot_avg", "ZS $\\uparrow$", False, 100.0)
+WIKI, LMB, ZS = (METRICS[k] for k in ("wiki_word_perplexity", "lambada_ppl", "zero_shot_avg"))
+# the accuracies each suite measures (the comparison with the paper shows the paper's that the suite runs)
 ACCURACIES = {
-    "paper": [("arc_easy_acc_norm", "ARC-e acc\\_n"), ("arc_challenge_acc_norm", "ARC-c acc\\_n"),
-              ("hellaswag_acc_norm", "Hella. acc\\_n"), ("winogrande_acc", "Wino. acc"),
-              ("piqa_acc_norm", "PIQA acc\\_n"), ("lambada_acc", "LMB. acc")],
-    "tiny": [("continuation_acc_norm", "Cont. acc\\_n"), ("next_sentence_acc", "NextS. acc"),
-             ("lambada_acc", "LMB. acc")],
+    "paper": ["arc_easy_acc_norm", "arc_challenge_acc_norm", "hellaswag_acc_norm", "winogrande_acc", "piqa_acc_norm",
+              "lambada_acc"],
+    "tiny": ["continuation_acc_norm", "next_sentence_acc", "lambada_acc"],
 }
-# Table 12 (long context): percent; measured by the long-context suite (issue 8), holes until it exists
-LONG_CONTEXT = [("ruler_2k_acc", "RULER 2K $\\uparrow$", False, 100.0), ("ruler_4k_acc", "RULER 4K $\\uparrow$", False, 100.0),
-                ("niah_2k_acc", "NIAH 2K $\\uparrow$", False, 100.0), ("niah_4k_acc", "NIAH 4K $\\uparrow$", False, 100.0),
-                ("squad_acc", "SQuAD $\\uparrow$", False, 100.0), ("swde_acc", "SWDE $\\uparrow$", False, 100.0)]
-# tiny profile (tiny_longctx suite): the training length (256) stands for the paper's 2K, twice it for 4K;
-# RULER = mean of passkey and key-value retrieval, NIAH = passkey; no SQuAD or SWDE
-TINY_LONG_CONTEXT = [("ruler_256_acc", "RULER 256 $\\uparrow$", False, 100.0), ("ruler_512_acc", "RULER 512 $\\uparrow$", False, 100.0),
-                     ("niah_256_acc", "NIAH 256 $\\uparrow$", False, 100.0), ("niah_512_acc", "NIAH 512 $\\uparrow$", False, 100.0)]
-# our metric key -> the key in reference_data/*.json (other keys are the same in both)
-PAPER_KEYS = {"wiki_word_perplexity": "wiki_ppl", "lambada_ppl": "lambada_ppl", "zero_shot_avg": "zero_shot_avg",
-              "ruler_256_acc": "ruler_2k_acc", "ruler_512_acc": "ruler_4k_acc", "niah_256_acc": "niah_2k_acc",
-              "niah_512_acc": "niah_4k_acc"}
+# long context (Table 12; experiments/long_context): the paper's suite, and the tiny suite (tiny_longctx), whose
+# training length (256) stands for the paper's 2K and twice it for 4K; RULER = mean of passkey and key-value
+# retrieval, NIAH = passkey; no SQuAD or SWDE
+LONG_CONTEXT = [METRICS[k] for k in ("ruler_2k_acc", "ruler_4k_acc", "niah_2k_acc", "niah_4k_acc", "squad_acc",
+                                     "swde_acc")]
+TINY_LONG_CONTEXT = [METRICS[k] for k in ("ruler_256_acc", "ruler_512_acc", "niah_256_acc", "niah_512_acc")]
 
 
 class Table:
     """The cells of one table on one profile: values by (model, method, ratio, rft) and the holes."""
 
     def __init__(self, experiment: str | None, table: str, profile: str, results_root=None, seeds=None):
-        experiment = experiment or find_experiment(table)
+        experiment = table_spec.owner(table, experiment)
         self.experiment, self.table, self.profile, self.seeds = experiment, table, profile, seeds
         self.spec = load_experiment(experiment)
         self.models, self.cells, self.rft_states = table_cells(self.spec, table, profile, seeds)
@@ -100,7 +95,7 @@ class Table:
     def samples(self, model, method, ratio, rft, metric) -> list[float]:
         """The metric of every replicate of the cell (scaled), in replicate order; finite values only."""
         ratio = 0.0 if method in ("baseline", CONTROL) else ratio
-        key, scale = metric[0], metric[3] if len(metric) > 3 else (100.0 if "acc" in metric[0] else 1.0)
+        key, scale = metric.id, metric.scale
         runs = self.values.get((model, method, ratio, rft), {})
         values = [runs[v].get(key) for v in sorted(runs, key=str)]
         return [v * scale for v in values if v is not None and math.isfinite(v)]
@@ -128,17 +123,6 @@ class Table:
         return f"tiny {key} (for {', '.join(names)})" if self.profile == "tiny" else names[0]
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "--"
-    return f"{v:.1f}" if abs(v) < 1e5 else f"{v:.3g}"
-
-
-def _fmt_ci(v, half_width, template: str = "{mean} ± {hw}") -> str:
-    """The mean, with the half-width of its 95% CI when the cell has two or more replicates."""
-    return _fmt(v) if v is None or half_width is None else template.format(mean=_fmt(v), hw=_fmt(half_width))
-
-
 def rank_marks(values: list, lower_is_better: bool) -> list[str]:
     """'best' / 'second' / '' per value (None never ranks); ties share the mark."""
     present = sorted({v for v in values if v is not None}, reverse=not lower_is_better)
@@ -148,26 +132,15 @@ def rank_marks(values: list, lower_is_better: bool) -> list[str]:
             for v in values]
 
 
-def _tex(v, mark, half_width=None) -> str:
-    s = _fmt_ci(v, half_width, "{mean}{{\\scriptsize$\\pm${hw}}}")
-    return f"\\textbf{{{s}}}" if mark == "best" else f"\\underline{{{s}}}" if mark == "second" else s
-
-
-def _md(v, mark, half_width=None) -> str:
-    s = _fmt_ci(v, half_width)
-    return f"**{s}**" if mark == "best" else f"<u>{s}</u>" if mark == "second" else s
-
-
 def _column_marks(t: Table, model, ratio, rft, metric) -> dict:
     vals = [t.get(model, m, ratio, rft, metric) for m in t.methods]
-    return dict(zip(t.methods, rank_marks(vals, metric[2])))
+    return dict(zip(t.methods, rank_marks(vals, metric.lower_is_better)))
 
 
 # -- layouts -----------------------------------------------------------------------------------------------
-def layout_pre_post(t: Table):
-    """Table 20: model x method rows; pre- and post-RFT Wiki, LMB, ZS."""
-    metrics = [WIKI, LMB, ZS]
-    header = ["Model", "Method"] + [f"{'Pre' if not rft else 'Post'}-RFT {m[1]}" for rft in (False, True) for m in metrics]
+def layout_pre_post(t: Table, metrics: list[Metric]):
+    """Table 20: model x method rows; pre- and post-RFT columns; methods ranked at the table's ratio."""
+    header = ["Model", "Method"] + [f"{'Pre' if not rft else 'Post'}-RFT {m.label}" for rft in (False, True) for m in metrics]
     rows = []
     for model in t.models:
         for i, method in enumerate(t.methods + ["baseline"] + ([CONTROL] if t.control else [])):
@@ -181,10 +154,9 @@ def layout_pre_post(t: Table):
     return header, rows
 
 
-def layout_ratios_post(t: Table):
-    """Table 1: method rows; per ratio post-RFT Wiki, LMB, ZS."""
-    metrics = [WIKI, LMB, ZS]
-    header = ["Model", "Method"] + [f"{round(r * 100)}% {m[1]}" for r in t.ratios for m in metrics]
+def layout_ratios_post(t: Table, metrics: list[Metric]):
+    """Table 1: method rows; per ratio the post-RFT columns."""
+    header = ["Model", "Method"] + [f"{round(r * 100)}% {m.label}" for r in t.ratios for m in metrics]
     rows = []
     for model in t.models:
         for i, method in enumerate(t.methods + ["baseline"]):
@@ -197,10 +169,9 @@ def layout_ratios_post(t: Table):
     return header, rows
 
 
-def layout_zero_shot(t: Table):
-    """Tables 21-24: (RFT, method, ratio) rows; Wiki, LMB ppl, the suite's accuracies and their average."""
-    metrics = [WIKI, LMB] + [(k, h, False, 100.0) for k, h in ACCURACIES[t.suite]] + [(ZS[0], "Avg $\\uparrow$", False, 100.0)]
-    header = ["Model", "RFT", "Method", "Compr."] + [m[1] for m in metrics]
+def layout_zero_shot(t: Table, metrics: list[Metric]):
+    """Tables 21-24: (RFT, method, ratio) rows, then the dense baseline."""
+    header = ["Model", "RFT", "Method", "Compr."] + [m.label for m in metrics]
     rows = []
     for model in t.models:
         for ratio in t.ratios:
@@ -224,7 +195,7 @@ def _configuration(method: str, ratio: float) -> str:
     return "Baseline" if method == "baseline" else f"{METHOD_NAMES[method]} {_pct(ratio)}"
 
 
-def _method_rows(t: Table, model, metrics, rft: bool, first: list, order):
+def _method_rows(t: Table, model, metrics, rft: bool, first, order):
     """Rows `first + labels(method, ratio) + metric cells` for (method, ratio) in `order`, marks among the
     methods at the same ratio; the dense baseline has no mark."""
     rows = []
@@ -237,25 +208,21 @@ def _method_rows(t: Table, model, metrics, rft: bool, first: list, order):
     return rows
 
 
-def layout_method_columns(metrics_of):
+def layout_method_columns(t: Table, metrics: list[Metric]):
     """Tables 3 and 8: one ratio; per model Baseline, then one row per method (pre-RFT)."""
-    def layout(t: Table):
-        metrics = metrics_of(t)
-        header = ["Model", "Method"] + [m[1] for m in metrics]
-        order = [("baseline", 0.0)] + [(m, t.ratios[0]) for m in t.methods]
-        rows = []
-        for model in t.models:
-            block = _method_rows(t, model, metrics, False, lambda m, r: ["", METHOD_NAMES[m]], order)
-            block[0][0] = t.model_label(model)
-            rows += block
-        return header, rows
-    return layout
+    header = ["Model", "Method"] + [m.label for m in metrics]
+    order = [("baseline", 0.0)] + [(m, t.ratios[0]) for m in t.methods]
+    rows = []
+    for model in t.models:
+        block = _method_rows(t, model, metrics, False, lambda m, r: ["", METHOD_NAMES[m]], order)
+        block[0][0] = t.model_label(model)
+        rows += block
+    return header, rows
 
 
-def layout_models_ratios(t: Table):
-    """Table 9: per model Baseline 0%, then per ratio (ascending) each method: Wiki and the zero-shot mean."""
-    metrics = [WIKI, (ZS[0], "Zero-shot $\\uparrow$", False, 100.0)]
-    header = ["Model", "Method", "Compression"] + [m[1] for m in metrics]
+def layout_models_ratios(t: Table, metrics: list[Metric]):
+    """Table 9: per model Baseline 0%, then per ratio (ascending) each method (pre-RFT)."""
+    header = ["Model", "Method", "Compression"] + [m.label for m in metrics]
     rows = []
     for model in t.models:
         order = [("baseline", 0.0)] + [(m, r) for r in sorted(t.ratios) for m in t.methods]
@@ -265,10 +232,9 @@ def layout_models_ratios(t: Table):
     return header, rows
 
 
-def layout_ratio_zero_shot(t: Table):
-    """Table 10: per ratio (ascending) each method, then Baseline 0%: Wiki, LMB, the suite's accuracies, Avg."""
-    metrics = [WIKI, LMB] + [(k, h, False, 100.0) for k, h in ACCURACIES[t.suite]] + [(ZS[0], "Avg $\\uparrow$", False, 100.0)]
-    header = ["Model", "Method", "Compr."] + [m[1] for m in metrics]
+def layout_ratio_zero_shot(t: Table, metrics: list[Metric]):
+    """Table 10: per ratio (ascending) each method, then Baseline 0%."""
+    header = ["Model", "Method", "Compr."] + [m.label for m in metrics]
     rows = []
     for model in t.models:
         order = [(m, r) for r in sorted(t.ratios) for m in t.methods] + [("baseline", 0.0)]
@@ -278,47 +244,31 @@ def layout_ratio_zero_shot(t: Table):
     return header, rows
 
 
-def layout_configurations(metrics_of):
+def layout_configurations(t: Table, metrics: list[Metric]):
     """Tables 12 and 13: 'Configuration' rows (Baseline, then 'DRRQR 25%', 'DRRQR 50%', 'L1 25%', ...)."""
-    def layout(t: Table):
-        metrics = metrics_of(t)
-        header = ["Model", "Configuration"] + [m[1] for m in metrics]
-        rows = []
-        for model in t.models:
-            order = [("baseline", 0.0)] + [(m, r) for m in t.methods for r in sorted(t.ratios)]
-            name = t.model_label(model)
-            rows += _method_rows(t, model, metrics, t.rft_states[0],
-                                 lambda m, r, name=name: [name, _configuration(m, r)], order)
-        return header, rows
-    return layout
+    header = ["Model", "Configuration"] + [m.label for m in metrics]
+    rows = []
+    for model in t.models:
+        order = [("baseline", 0.0)] + [(m, r) for m in t.methods for r in sorted(t.ratios)]
+        name = t.model_label(model)
+        rows += _method_rows(t, model, metrics, t.rft_states[0],
+                             lambda m, r, name=name: [name, _configuration(m, r)], order)
+    return header, rows
 
 
-_TABLE8_ACCURACIES = {"paper": ACCURACIES["paper"][:5], "tiny": ACCURACIES["tiny"]}  # the paper's Table 8 omits LAMBADA
-LAYOUTS = {"table1": layout_ratios_post, "table20": layout_pre_post,
-           "table3": layout_method_columns(lambda t: [WIKI, ZS]),
-           "table8": layout_method_columns(lambda t: [(k, h, False, 100.0) for k, h in _TABLE8_ACCURACIES[t.suite]] + [WIKI]),
-           "table9": layout_models_ratios, "table10": layout_ratio_zero_shot,
-           "table12": layout_configurations(lambda t: LONG_CONTEXT if t.profile == "paper" else TINY_LONG_CONTEXT),
-           "table13": layout_configurations(lambda t: [WIKI, (LMB[0], "LAMBADA $\\downarrow$", True, 1.0),
-                                                       (ZS[0], "Zero-shot $\\uparrow$", False, 100.0)])}
-LAYOUTS.update({f"table{n}": layout_zero_shot for n in (21, 22, 23, 24)})
+# the layouts a table's `render: {layout: ...}` may name (paper_tables/spec.py)
+LAYOUTS = {"pre_post": layout_pre_post, "ratios_post": layout_ratios_post, "zero_shot": layout_zero_shot,
+           "method_columns": layout_method_columns, "models_ratios": layout_models_ratios,
+           "ratio_zero_shot": layout_ratio_zero_shot, "configurations": layout_configurations}
 # the metrics set beside the paper's, where the paper's rows have them
-COMPARED = [WIKI, LMB, ZS] + [(k, h.split(" ")[0], False, 100.0) for k, h in ACCURACIES["paper"]] + LONG_CONTEXT \
-    + TINY_LONG_CONTEXT
+COMPARED = [WIKI, LMB, ZS] + [METRICS[k] for k in ACCURACIES["paper"]] + LONG_CONTEXT + TINY_LONG_CONTEXT
 
 
 def to_latex(t: Table, header, rows) -> str:
     n_text = sum(1 for c in rows[0] if isinstance(c, str))
-    spec = "l" * n_text + "r" * (len(header) - n_text)
-    lines = [(f"% {t.table} ({t.profile} profile) rendered by paper_tables/lm_tables.py from "
-              f"results/{t.profile}/{t.experiment}/; suite {t.suite}; best bold, second underlined among methods"),
-             f"\\begin{{tabular}}{{{spec}}}", "\\toprule", " & ".join(header) + " \\\\", "\\midrule"]
-    for r in rows:
-        # '%' would start a LaTeX comment and swallow the rest of the row
-        lines.append(" & ".join(c.replace("_", "\\_").replace("%", "\\%") if isinstance(c, str) else _tex(*c)
-                                for c in r) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    return "\n".join(lines) + "\n"
+    return writers.latex(f"{t.table} ({t.profile} profile) rendered by paper_tables/lm_tables.py from "
+                         f"results/{t.profile}/{t.experiment}/; suite {t.suite}; best bold, second underlined among "
+                         "methods", header, rows, "l" * n_text + "r" * (len(header) - n_text))
 
 
 def _plain(header: str) -> str:
@@ -326,10 +276,7 @@ def _plain(header: str) -> str:
 
 
 def to_markdown(header, rows) -> str:
-    clean = [_plain(h) for h in header]
-    lines = ["| " + " | ".join(clean) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c if isinstance(c, str) else _md(*c) for c in r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return writers.markdown([_plain(h) for h in header], rows)
 
 
 # -- comparison with the published numbers -------------------------------------------------------------------
@@ -338,26 +285,30 @@ def reference_rows(table: str) -> list[dict]:
     return json.loads(path.read_text())["rows"] if path.exists() else []
 
 
-def _short(metric) -> str:
+def _short(metric: Metric) -> str:
     """A comparison column's name: the label's first word, with the context length for long context."""
     if metric in LONG_CONTEXT + TINY_LONG_CONTEXT:
-        return metric[1].split(" $")[0]
-    return metric[1].split(" ")[0]
+        return metric.label.split(" $")[0]
+    return metric.label.split(" ")[0]
 
 
 def _paper_metric(metric):
     """The paper's column that `metric` is compared with (e.g. tiny RULER 256 with the paper's RULER 2K)."""
-    key = PAPER_KEYS.get(metric[0], metric[0])
-    return next((m for m in LONG_CONTEXT if m[0] == key), metric)
+    return next((m for m in LONG_CONTEXT if m.id == _paper_key(metric)), metric)
+
+
+def _paper_key(metric: Metric) -> str:
+    """The key of `metric` in reference_data/*.json."""
+    return metric.paper_key or metric.id
 
 
 def comparison(t: Table) -> str:
     """Our value beside the paper's for every published row whose model our profile stands in for."""
     ref = reference_rows(t.table)
-    metrics = [m for m in COMPARED if any(PAPER_KEYS.get(m[0], m[0]) in row for row in ref)] or [WIKI, LMB, ZS]
-    ours = {k for k, _ in ACCURACIES.get(t.suite, [])}
+    metrics = [m for m in COMPARED if any(_paper_key(m) in row for row in ref)] or [WIKI, LMB, ZS]
+    ours = set(ACCURACIES.get(t.suite, []))
     # the paper's tasks that this profile's suite does not run would be columns of holes only
-    metrics = [m for m in metrics if m[0] not in dict(ACCURACIES["paper"]) or m[0] in ours]
+    metrics = [m for m in metrics if m.id not in ACCURACIES["paper"] or m.id in ours]
     metrics = [m for m in metrics if m not in (TINY_LONG_CONTEXT if t.profile == "paper" else LONG_CONTEXT)]
     lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
              ("Paper values are the published ones (paper_tables/reference_data). Tiny-profile models are ~2M-"
@@ -376,7 +327,7 @@ def comparison(t: Table) -> str:
                  "yes" if row["rft"] else "no"]
         for m in metrics:
             cells += [_fmt(t.get(model, row["method"], row["ratio"], row["rft"], m)),
-                      _fmt(row.get(PAPER_KEYS.get(m[0], m[0])))]
+                      _fmt(row.get(_paper_key(m)))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -413,16 +364,7 @@ def plot(t: Table, stem: Path) -> list[Path]:
         ax.legend(fontsize=7)
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite)", fontsize=10)
     fig.tight_layout()
-    return _save(fig, stem, plt)
-
-
-def _save(fig, stem: Path, plt) -> list[Path]:
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    for p in paths:
-        fig.savefig(p, dpi=120)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, stem)
 
 
 def _plot_bars(t: Table, stem: Path, ratio: float, plt) -> list[Path]:
@@ -452,13 +394,15 @@ def _plot_bars(t: Table, stem: Path, ratio: float, plt) -> list[Path]:
         ax.legend(fontsize=7)
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite)", fontsize=10)
     fig.tight_layout()
-    return _save(fig, stem, plt)
+    return save_figure(fig, stem)
 
 
 def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
            out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False, seeds=None) -> dict:
+    experiment = table_spec.owner(table, experiment)
+    layout = table_spec.render_spec(load_experiment(experiment), table, profile, LAYOUTS, experiment)
     t = Table(experiment, table, profile, results_root, seeds)
-    header, rows = LAYOUTS[table](t)
+    header, rows = LAYOUTS[layout["layout"]](t, layout["columns"])
     # e.g. Table 12's long-context columns, until a suite measures them
     empty = [h for j, h in enumerate(header)
              if all(not isinstance(r[j], str) and r[j][0] is None for r in rows)]
@@ -512,30 +456,3 @@ def report(written: dict, md: str, missing: list[str], notes=()) -> None:
         print(note)
     print("wrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
                               for v in written.values() for p in (v if isinstance(v, list) else [v])))
-
-
-def main(table: str, argv=None, render_fn=None, experiment_help: str | None = None) -> int:
-    """The command line of a table's renderer (`paper_tables/tableN.py`)."""
-    import argparse
-    import inspect
-
-    p = argparse.ArgumentParser(description=f"Render {table} from result JSON")
-    p.add_argument("--profile", default="tiny", choices=["tiny", "paper"])
-    p.add_argument("--experiment", default=None,
-                   help=experiment_help or "default: the experiment whose config.yaml declares the table")
-    p.add_argument("--results-root", default=None)
-    p.add_argument("--seeds", type=int, nargs="+", default=None,
-                   help="replicate seeds shown (as run-table --seeds; default: the table's)")
-    p.add_argument("--out-root", default=None, type=Path,
-                   help="write OUT_ROOT/<profile>/<table>.* and OUT_ROOT/figures/<profile>/ instead of "
-                        "paper_tables/out/ and figures/")
-    args = p.parse_args(argv)
-    extra = {"seeds": args.seeds} if args.seeds is not None else {}
-    if extra and "seeds" not in inspect.signature(render_fn or render).parameters:
-        p.error(f"{table}: --seeds is not supported by this table's renderer (replicates: the LM tables)")
-    if args.out_root is None:
-        (render_fn or render)(table, args.profile, args.experiment, args.results_root, **extra)
-    else:
-        (render_fn or render)(table, args.profile, args.experiment, args.results_root,
-                              out_root=args.out_root, figures_root=args.out_root / "figures", **extra)
-    return 0

@@ -12,56 +12,35 @@ it has no SQuAD or SWDE counterpart, so the tiny tables have no such columns.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lm_tables import (
+from paper_tables import spec as table_spec
+from paper_tables.figures import save_figure
+from paper_tables.lm_tables import (
+    LONG_CONTEXT,
     METHOD_NAMES,
     ROOT,
     Table,
     _column_marks,
     _fmt,
     _plain,
-    _save,
     reference_rows,
     report,
     to_latex,
     to_markdown,
     write_outputs,
 )
-
-EXPERIMENT = "long_context"
-# (our metric key, header, lower is better, scale, the paper's key in reference_data)
-COLUMNS = {
-    "paper": [("ruler_2k_acc", "RULER 2K $\\uparrow$", False, 100.0, "ruler_2k_acc"),
-              ("ruler_4k_acc", "RULER 4K $\\uparrow$", False, 100.0, "ruler_4k_acc"),
-              ("niah_2k_acc", "NIAH 2K $\\uparrow$", False, 100.0, "niah_2k_acc"),
-              ("niah_4k_acc", "NIAH 4K $\\uparrow$", False, 100.0, "niah_4k_acc"),
-              ("squad_acc", "SQuAD $\\uparrow$", False, 100.0, "squad_acc"),
-              ("swde_acc", "SWDE $\\uparrow$", False, 100.0, "swde_acc")],
-    "tiny": [("ruler_256_acc", "RULER 256 $\\uparrow$", False, 100.0, "ruler_2k_acc"),
-             ("ruler_512_acc", "RULER 512 $\\uparrow$", False, 100.0, "ruler_4k_acc"),
-             ("niah_256_acc", "NIAH 256 $\\uparrow$", False, 100.0, "niah_2k_acc"),
-             ("niah_512_acc", "NIAH 512 $\\uparrow$", False, 100.0, "niah_4k_acc")],
-}
-# Table 4 shows the long length only (4K; tiny: 512)
-TABLE4_KEYS = {"paper": ("ruler_4k_acc", "niah_4k_acc"), "tiny": ("ruler_512_acc", "niah_512_acc")}
-
-
-def columns(table: str, profile: str) -> list[tuple]:
-    cols = COLUMNS[profile]
-    return [c for c in cols if c[0] in TABLE4_KEYS[profile]] if table == "table4" else cols
-
+from paper_tables.metrics import Metric
+from state_reduction.pipeline import load_experiment
 
 def _cells(t: Table, model, method, ratio, metrics) -> list:
     return [(t.get(model, method, ratio, True, m), "" if method == "baseline" else
              _column_marks(t, model, ratio, True, m)[method]) for m in metrics]
 
 
-def layout_table11(t: Table, metrics):
+def layout_table11(t: Table, metrics: list[Metric]):
     """Baseline, then per ratio (ascending) each method, as the paper's rows 'DRRQR 20%', 'Grad 20%', ..."""
-    header = ["Model", "Configuration"] + [m[1] for m in metrics]
+    header = ["Model", "Configuration"] + [m.label for m in metrics]
     rows = []
     for model in t.models:
         order = [("baseline", 0.0)] + [(m, r) for r in sorted(t.ratios) for m in t.methods]
@@ -71,9 +50,9 @@ def layout_table11(t: Table, metrics):
     return header, rows
 
 
-def layout_table4(t: Table, metrics):
+def layout_table4(t: Table, metrics: list[Metric]):
     """Per model Baseline, then each method at the table's ratio."""
-    header = ["Model", "Method"] + [m[1] for m in metrics]
+    header = ["Model", "Method"] + [m.label for m in metrics]
     rows = []
     for model in t.models:
         for i, method in enumerate(["baseline"] + t.methods):
@@ -87,8 +66,8 @@ LAYOUTS = {"table4": layout_table4, "table11": layout_table11}
 
 def comparison(t: Table, metrics) -> str:
     """Our value beside the paper's for every published row whose model our profile stands in for."""
-    heads = [_plain(m[1]).split(" ↑")[0] for m in metrics]
-    paper_heads = {c[0]: _plain(c[1]).split(" ↑")[0] for c in COLUMNS["paper"]}
+    heads = [_plain(m.label).split(" ↑")[0] for m in metrics]
+    paper_heads = {c.id: _plain(c.label).split(" ↑")[0] for c in LONG_CONTEXT}
     lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
              "Paper values are the published ones (paper_tables/reference_data), in percent."]
     if t.profile == "tiny":
@@ -96,7 +75,7 @@ def comparison(t: Table, metrics) -> str:
                      "text scored as a 4-way choice (chance 25%); 256 stands for the paper's 2K (the training length), "
                      "512 for 4K. RULER = mean of passkey and key-value retrieval, NIAH = passkey. Compare orderings, "
                      "not magnitudes.")
-    lines += ["", "| paper model | ours | method | compr. | " + " | ".join(f"{h} ours | {paper_heads[m[4]]} paper" for h, m in zip(heads, metrics)) + " |",
+    lines += ["", "| paper model | ours | method | compr. | " + " | ".join(f"{h} ours | {paper_heads[m.paper_key or m.id]} paper" for h, m in zip(heads, metrics)) + " |",
               "|" + "---|" * (4 + 2 * len(metrics))]
     for row in reference_rows(t.table):
         model = next((k for k in t.models if row["model"] in t.p["models"][k]["stands_for"]), None)
@@ -104,7 +83,7 @@ def comparison(t: Table, metrics) -> str:
             continue
         cells = [row["model"], model, METHOD_NAMES[row["method"]], f"{round(row['ratio'] * 100)}%"]
         for m in metrics:
-            cells += [_fmt(t.get(model, row["method"], row["ratio"], True, m)), _fmt(row.get(m[4]))]
+            cells += [_fmt(t.get(model, row["method"], row["ratio"], True, m)), _fmt(row.get(m.paper_key or m.id))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -145,17 +124,19 @@ def plot(t: Table, metrics, stem: Path) -> list[Path]:
         ax.set_ylim(0, 100)  # percent: a one-point change looks like one
         if t.profile == "tiny":
             ax.axhline(25.0, color="tab:red", ls=":", lw=1)
-        ax.set_title(_plain(m[1]), fontsize=9)
+        ax.set_title(_plain(m.label), fontsize=9)
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite), after RFT", fontsize=10)
     fig.tight_layout()
-    return _save(fig, stem, plt)
+    return save_figure(fig, stem)
 
 
 def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
            out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False) -> dict:
-    t = Table(experiment or EXPERIMENT, table, profile, results_root)
-    metrics = columns(table, profile)
-    header, rows = LAYOUTS[table](t, metrics)
+    experiment = table_spec.owner(table, experiment)
+    layout = table_spec.render_spec(load_experiment(experiment), table, profile, LAYOUTS, experiment)
+    t = Table(experiment, table, profile, results_root)
+    metrics = layout["columns"]
+    header, rows = LAYOUTS[layout["layout"]](t, metrics)
     md = to_markdown(header, rows)
     written = write_outputs(table, profile, out_root, to_latex(t, header, rows), md, comparison(t, metrics))
     written["figures"] = plot(t, metrics, (figures_root or ROOT / "figures") / profile / table)
@@ -163,9 +144,3 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
         report(written, md, t.missing)
     written["missing"] = t.missing
     return written
-
-
-def main(table: str, argv=None) -> int:
-    from lm_tables import main as lm_main
-
-    return lm_main(table, argv, render_fn=render, experiment_help=f"default: {EXPERIMENT}")

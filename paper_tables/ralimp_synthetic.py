@@ -5,19 +5,18 @@ Writes paper_tables/out/<profile>/ralimp_synthetic.{tex,md}, ralimp_synthetic_vs
 figures/<profile>/ralimp_synthetic_fig2.{png,pdf}, ralimp_synthetic_budget.{png,pdf}. Cells: mean train MSE over
 seeds with its 95% t-interval (state_reduction.stats.mean_ci); missing cells render as "--" and are listed.
 
-    python paper_tables/ralimp_synthetic.py [--profile tiny|paper]
+    state-reduction render ralimp_synthetic [--profile tiny|paper]
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import yaml
 
+from paper_tables.figures import save_figure
 from state_reduction.results import read_result, results_dir
 from state_reduction.stats import mean_ci
 
@@ -153,12 +152,7 @@ def plot(cfg, data, cis, sweep_rows, profile, fig_dir: Path) -> list[Path]:
                  fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    paths = []
-    for ext in ("png", "pdf"):
-        p = fig_dir / f"{EXPERIMENT}_fig2.{ext}"
-        fig.savefig(p, dpi=150)
-        paths.append(p)
-    plt.close(fig)
+    paths = save_figure(fig, fig_dir / f"{EXPERIMENT}_fig2", dpi=150)
     if sweep_rows:
         fig, ax = plt.subplots(figsize=(4.8, 3.6))
         for a in sorted({r[0] for r in sweep_rows}):
@@ -175,21 +169,5 @@ def plot(cfg, data, cis, sweep_rows, profile, fig_dir: Path) -> list[Path]:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
         fig.tight_layout()
-        for ext in ("png", "pdf"):
-            p = fig_dir / f"{EXPERIMENT}_budget.{ext}"
-            fig.savefig(p, dpi=150)
-            paths.append(p)
-        plt.close(fig)
+        paths += save_figure(fig, fig_dir / f"{EXPERIMENT}_budget", dpi=150)
     return paths
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default="tiny", choices=["tiny", "paper"])
-    args = ap.parse_args(argv)
-    render(args.profile)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,8 +16,8 @@ import itertools
 import math
 from pathlib import Path
 
-from lm_tables import METHOD_NAMES, rank_marks, reference_rows, report, write_outputs
-from lm_tables import main as lm_tables_main
+from paper_tables.lm_tables import METHOD_NAMES, rank_marks, reference_rows, report, write_outputs
+from paper_tables.figures import save_figure as _save_figure
 
 from state_reduction.analysis.experiment import EXPERIMENT, analysis_name, overlap_pairs
 from state_reduction.analysis.selection import median, pearson
@@ -279,13 +279,7 @@ def _plt():
 
 
 def save_figure(fig, r: RankResults, figures_root: Path | None, plt) -> list[Path]:
-    stem = (figures_root or ROOT / "figures") / r.profile / r.target
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    for p in paths:
-        fig.savefig(p, dpi=130)
-    plt.close(fig)
-    return paths
+    return _save_figure(fig, (figures_root or ROOT / "figures") / r.profile / r.target, dpi=130)
 
 
 def _band(spectra: list[list[float]]):
@@ -529,7 +523,3 @@ def render(target: str, profile: str = "tiny", experiment: str | None = None, re
         report(written, md, r.missing)
     written["missing"] = r.missing
     return written
-
-
-def main(target: str, argv=None) -> int:
-    return lm_tables_main(target, argv, render_fn=render, experiment_help=f"default: {EXPERIMENT}")

@@ -16,15 +16,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from lm_tables import (
-    ACCURACIES,
-    LMB,
+from paper_tables.lm_tables import (
     METHOD_NAMES,
     WIKI,
-    ZS,
     Table,
     _fmt,
-    _save,
     comparison,
     rank_marks,
     reference_rows,
@@ -33,8 +29,9 @@ from lm_tables import (
     to_markdown,
     write_outputs,
 )
-from lm_tables import main as lm_tables_main
-
+from paper_tables.figures import save_figure
+from paper_tables import spec as table_spec
+from paper_tables.metrics import Metric
 from state_reduction.pipeline import collect, table_evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,19 +69,19 @@ class SharedConvTable(Table):
         return SHARING[self.p["models"][key]["stands_for"][0]]
 
 
-def layout_table14(t: SharedConvTable):
-    """One row per variant; best bold, second underlined among the variants in each column."""
-    metrics = [WIKI, LMB] + [(k, h, False, 100.0) for k, h in ACCURACIES[t.suite]] + [(ZS[0], "Avg $\\uparrow$", False, 100.0)]
-    header = ["Model", "Shared Conv"] + [m[1] for m in metrics]
+def layout_variants(t: SharedConvTable, metrics: list[Metric]):
+    """Table 14: one row per pretrained variant (the dense models); best bold, second underlined among the variants
+    in each column."""
+    header = ["Model", "Shared Conv"] + [m.label for m in metrics]
     columns = [[t.get(k, "baseline", 0.0, False, m) for k in t.models] for m in metrics]
-    marks = [rank_marks(col, m[2]) for col, m in zip(columns, metrics)]
+    marks = [rank_marks(col, m.lower_is_better) for col, m in zip(columns, metrics)]
     rows = []
     for i, key in enumerate(t.models):
         rows.append([t.model_label(key), "".join(t.sharing(key))] + [(col[i], mk[i]) for col, mk in zip(columns, marks)])
     return header, rows
 
 
-def layout_table15(t: SharedConvTable):
+def layout_table15(t: SharedConvTable, metrics: list[Metric] | None = None):
     """(ratio, method) rows as in the paper, then the dense 0% row; one column per model; best bold, second
     underlined among the methods at a ratio."""
     keys = [t.key_of(name) for name in TABLE15_COLUMNS]
@@ -172,10 +169,12 @@ def plot(t: SharedConvTable, stem: Path) -> list[Path]:
             ax.legend(fontsize=7)
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite)", fontsize=10)
     fig.tight_layout()
-    return _save(fig, stem, plt)
+    return save_figure(fig, stem)
 
 
-LAYOUTS = {"table14": layout_table14, "table15": layout_table15}
+# `render: {layout: variants}` (Table 14's data in its config); Table 15's layout is code (models as columns,
+# Wiki only, with the paper's claims beside it)
+LAYOUTS = {"variants": layout_variants}
 
 
 def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
@@ -183,7 +182,11 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
     if experiment not in (None, EXPERIMENT):
         raise ValueError(f"{table} is rendered from experiment {EXPERIMENT!r}, not {experiment!r}")
     t = SharedConvTable(table, profile, results_root)
-    header, rows = LAYOUTS[table](t)
+    if "render" in t.spec["tables"][table]:
+        layout = table_spec.render_spec(t.spec, table, profile, LAYOUTS, EXPERIMENT)
+        header, rows = LAYOUTS[layout["layout"]](t, layout["columns"])
+    else:
+        header, rows = layout_table15(t)
     md = to_markdown(header, rows)
     vs_paper = comparison(t) if table == "table14" else comparison_table15(t)
     tex = to_latex(t, header, rows).replace("paper_tables/lm_tables.py", "paper_tables/shared_conv_tables.py")
@@ -193,7 +196,3 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
         report(written, md, t.missing)
     written["missing"] = t.missing
     return written
-
-
-def main(table: str, argv=None) -> int:
-    return lm_tables_main(table, argv, render_fn=render, experiment_help=f"default: {EXPERIMENT}")

@@ -1,7 +1,7 @@
 """Render experiments/state_vs_structure (issue 16) from result JSON: key-channel state reduction vs Mamba-Shedder
 mixer removal vs both, at equal recurrent-state budgets.
 
-`python paper_tables/state_vs_structure.py [--profile tiny|paper]` writes
+`state-reduction render state_vs_structure [--profile tiny|paper]` writes
 paper_tables/out/<profile>/state_vs_structure.md (per model, method and ratio: state, parameters and FLOPs kept,
 decode speedup, perplexity pre-/post-RFT as mean [95% t-interval] over calibration seeds),
 state_vs_structure_vs_paper.md (the paper's and Mamba-Shedder's own headline numbers beside ours) and the Pareto
@@ -12,17 +12,15 @@ Reads only result files (state_reduction.pipeline.collect) and reference_data/*.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from paper_tables.figures import save_figure
+from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells
+from state_reduction.stats import mean_ci
 
-from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells  # noqa: E402
-from state_reduction.stats import mean_ci  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 EXPERIMENT = TABLE = "state_vs_structure"
 REFERENCE = Path(__file__).resolve().parent / "reference_data"
@@ -202,32 +200,19 @@ def figures(g: dict, rs: list[dict], profile: str, out_dir: Path) -> list[Path]:
         axes[0][0].set_ylabel(METRIC[profile][1] + " (hollow: pre-RFT, filled: post-RFT)")
         axes[0][-1].legend(fontsize=6, loc="best")
         fig.tight_layout()
-        for ext in ("png", "pdf"):
-            path = out_dir / f"state_vs_structure_{axis}.{ext}"
-            fig.savefig(path, dpi=130)
-            paths.append(path)
-        plt.close(fig)
+        paths += save_figure(fig, out_dir / f"state_vs_structure_{axis}", dpi=130)
     return paths
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
-    p.add_argument("--results-root", default=None)
-    args = p.parse_args(argv)
-    g = gather(args.profile, args.results_root)
+def render(profile: str = "tiny", results_root=None, out_root: Path | None = None,
+           figures_root: Path | None = None) -> list[Path]:
+    """paper_tables/out/<profile>/state_vs_structure{,_vs_paper}.md and the two Pareto figures."""
+    g = gather(profile, results_root)
     rs = rows(g)
-    out = ROOT / "paper_tables" / "out" / args.profile
-    fig_dir = ROOT / "figures" / args.profile
+    out = (out_root or ROOT / "paper_tables" / "out") / profile
+    fig_dir = (figures_root or ROOT / "figures") / profile
     out.mkdir(parents=True, exist_ok=True)
     fig_dir.mkdir(parents=True, exist_ok=True)
-    (out / "state_vs_structure.md").write_text(markdown(g, rs, args.profile))
-    (out / "state_vs_structure_vs_paper.md").write_text(vs_paper(g, rs, args.profile))
-    paths = figures(g, rs, args.profile, fig_dir)
-    for path in [out / "state_vs_structure.md", out / "state_vs_structure_vs_paper.md", *paths]:
-        print(path.relative_to(ROOT))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    (out / "state_vs_structure.md").write_text(markdown(g, rs, profile))
+    (out / "state_vs_structure_vs_paper.md").write_text(vs_paper(g, rs, profile))
+    return [out / "state_vs_structure.md", out / "state_vs_structure_vs_paper.md", *figures(g, rs, profile, fig_dir)]

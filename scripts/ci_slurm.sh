@@ -35,7 +35,7 @@ print("\n".join(problems) or "results identical (config keys and metrics)")
 sys.exit(1 if problems else 0)
 PY
 for side in slurm local; do
-    $PY paper_tables/table20.py --experiment $EXP --results-root "$WORK/$side" --out-root "$WORK/render-$side" >/dev/null
+    $PY -m state_reduction.cli render table20 --experiment $EXP --results-root "$WORK/$side" --out-root "$WORK/render-$side" >/dev/null
 done
 diff "$WORK/render-slurm/tiny/table20.tex" "$WORK/render-local/tiny/table20.tex"
 diff "$WORK/render-slurm/tiny/table20.md" "$WORK/render-local/tiny/table20.md"

@@ -5,7 +5,7 @@
 # Run from the repository root on a CUDA machine whose python3 has torch and triton:   bash scripts/gpu_check.sh
 # fla comes from the carried wheels in .whl/ (installed to /tmp/site) unless python3 already imports it.
 # Result JSON goes to <root>/paper/speed/ (root: $OUT/results when $OUT is set, the device tool's folder, else
-# results/), where `python paper_tables/table19.py --profile paper` reads it; logs, env.txt, the kernel report, the
+# results/), where `state-reduction render table19 --profile paper` reads it; logs, env.txt, the kernel report, the
 # rehearsal and the rendered tables go to $OUT (else results/paper/speed/gpu_check/).
 #
 # Stages, most important first (seconds: own timeout; all of them within GPU_CHECK_BUDGET_S, default 420):
@@ -81,7 +81,7 @@ stage recurrence 25 "${BENCH[@]}" recurrence "${COMMON[@]}" --batch-sizes 64 --l
   --warmup 10 --steps 100 --repeats 3 --out "$JSON_DIR/recurrence_gdn_cuda.json"
 
 for t in table17 table19; do  # LaTeX/Markdown from whatever results exist (no GPU time; tables need no matplotlib)
-  python3 paper_tables/$t.py --profile paper --results-root "$RESULTS_ROOT" --out-dir "$OUT_DIR" >> "$LOG" 2>&1 || say "render $t: no results"
+  python3 -m state_reduction.cli render $t --profile paper --results-root "$RESULTS_ROOT" --out-root "$OUT_DIR" >> "$LOG" 2>&1 || say "render $t: no results"
 done
 say "done in $(( $(date +%s) - START ))s; results in $JSON_DIR, logs and tables in $OUT_DIR"
 ls -l "$OUT_DIR" "$JSON_DIR" >> "$LOG"

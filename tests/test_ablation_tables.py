@@ -2,7 +2,6 @@
 and configuration keys), the Table 20 cells keep their names and keys, and the renderers mark best values,
 holes and the paper's numbers from synthetic results."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,7 @@ from state_reduction.pipeline import (
 )
 from state_reduction.results import build_result, config_key, write_result
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "paper_tables"))
-import ablation_tables
+from paper_tables import ablation_tables
 
 # (prune key, eval-pre key) of every Table 20 cell as they were before `vary:` existed: results on disk stay valid
 TABLE20_KEYS = {

@@ -1,6 +1,5 @@
 """Replicate seeds and the dense+RFT control (issue 15): cells, keys, tasks, a real run and the rendered CIs."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,7 @@ from state_reduction.pipeline import (
 )
 from state_reduction.results import build_result, config_key, read_result, write_result
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "paper_tables"))
-import lm_tables  # noqa: E402
+from paper_tables import lm_tables
 
 
 def spec(seeds=(0, 1, 2), control=True):
@@ -34,7 +31,9 @@ def spec(seeds=(0, 1, 2), control=True):
             "rft": {"preset": "tiny", "steps": 2, "batch_size": 2, "seq_len": 32, "save_every": 1},
             "evaluate": {"suite": "tiny_ppl", "batch_size": 8, "max_length": 64, "limit": 2}}},
         "tables": {"table20": {"models": ["DeltaNet 370M"], "ratios": [0.5], "rft": [False, True],
-                               "control": control}},
+                               "control": control,
+                               "render": {"layout": "pre_post",
+                                          "columns": ["wiki_word_perplexity", "lambada_ppl", "zero_shot_avg"]}}},
     }
 
 

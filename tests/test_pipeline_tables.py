@@ -2,7 +2,6 @@
 method subset, finding the experiment that declares a table, the paper profile's plan without the hub, and
 the Mamba-2/Qwen3.5 layouts rendered from synthetic results."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,7 @@ from state_reduction.pipeline import (
 )
 from state_reduction.results import build_result, write_result
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "paper_tables"))
-import lm_tables
+from paper_tables import lm_tables
 
 
 def grid(cells):

@@ -207,6 +207,23 @@ def _register_wandb(subparsers) -> None:
     p.set_defaults(func=_cmd_wandb)
 
 
+def _cmd_render(args) -> int:
+    # paper_tables sits beside src/ (renderers import the library, never the reverse): imported when asked for
+    from paper_tables import render, run_missing
+
+    if args.run:
+        paths = run_missing(args.table, args.profile, args.experiment, args.results_root, seeds=args.seeds)
+        if paths:
+            print(f"{args.table} ({args.profile}): {len(paths)} result files in {paths[0].parent}")
+    figures = args.out_root / "figures" if args.out_root is not None else None
+    out = render(args.table, args.profile, args.experiment, args.results_root, out_root=args.out_root,
+                 figures_root=figures, seeds=args.seeds)
+    if isinstance(out, list):  # renderers that do not print their outputs themselves
+        for path in out:
+            print(path)
+    return 0
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line naming the option, exit 2 (as every other expected failure)."""
 
@@ -271,6 +288,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "data and drives the RFT run; the tables show mean ± 95%% CI over them")
     b.set_defaults(func=_cmd_run_table)
     _register_wandb(sub)
+
+    rd = sub.add_parser("render", help="render a paper table or figure from result files (paper_tables)")
+    rd.add_argument("table", help="a table or figure declared by an experiment's config.yaml (table1, table20, "
+                                  "figure2, ...), or table17-19, figure4, ralimp_synthetic")
+    rd.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
+    rd.add_argument("--experiment", default=None,
+                    help="experiments/<name>/config.yaml (default: the experiment that declares the table)")
+    rd.add_argument("--results-root", default=None, help="default: results/ in the repository")
+    rd.add_argument("--seeds", type=int, nargs="+", default=None,
+                    help="replicate seeds shown (as run-table --seeds; default: the table's)")
+    rd.add_argument("--out-root", default=None, type=Path,
+                    help="write OUT_ROOT/<profile>/<table>.* and OUT_ROOT/figures/<profile>/ instead of "
+                         "paper_tables/out/ and figures/")
+    rd.add_argument("--run", action="store_true",
+                    help="first run what the table's results lack (run-table, or run-analysis for the rank analysis)")
+    rd.set_defaults(func=_cmd_render)
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)
     return p

@@ -3,7 +3,6 @@ a real small run end to end (prune -> analyze -> render), and errors in the expe
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -72,8 +71,7 @@ def test_a_small_run_end_to_end_and_a_rerun_does_nothing(tmp_path):
     assert run_analyses("table6", "tiny", str(experiment), results_root=root) == paths[:3]
     assert [p.stat().st_mtime_ns for p in paths] == stamps
 
-    sys.path.insert(0, str(ROOT / "paper_tables"))
-    from rank_tables import render
+    from paper_tables.rank_tables import render
 
     out = render("tableC2", "tiny", str(experiment), root, out_root=tmp_path / "out", quiet=True)
     assert out["missing"] == [] and "| L1 & Rand |" in out["md"].read_text()

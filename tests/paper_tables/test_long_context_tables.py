@@ -1,16 +1,13 @@
 """Renderers of Tables 4 and 11 (experiments/long_context): numbers only from result files, the tiny profile's
 columns at 256/512 tokens beside the paper's 2K/4K, holes listed, figures written."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from state_reduction.results import build_result, write_result
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "paper_tables"))
-import long_context_tables
+from paper_tables import long_context_tables
 
 
 def put(root, model, method, ratio, **metrics):

@@ -3,17 +3,10 @@ runs, degenerate heads as dashes (never NaN), and the numbers they derive (spect
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "paper_tables"))
-
-import rank_tables
-from rank_tables import render, spectral_gap, tail_share
-
+from paper_tables import rank_tables
+from paper_tables.rank_tables import render, spectral_gap, tail_share
 from state_reduction.analysis.experiment import analysis_name
 from state_reduction.results import build_result, results_dir, write_result
 

@@ -2,7 +2,6 @@
 pipeline, and the renderers on synthetic results (marks, holes, the other table's results ignored, the paper's
 numbers and claims beside ours)."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,7 @@ from state_reduction.pipeline import (
 )
 from state_reduction.results import build_result, write_result
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "paper_tables"))
-import shared_conv_tables
+from paper_tables import shared_conv_tables
 
 EXPERIMENT = "pca_vs_shared_conv"
 

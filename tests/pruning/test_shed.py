@@ -218,8 +218,7 @@ def test_one_shot_takes_the_best_dense_scores():
 
 
 CHILD = textwrap.dedent("""
-    import os, signal, sys, torch
-    sys.path.insert(0, {tests!r})
+    import os, signal, torch
     torch.set_num_threads(1)
     from state_reduction.backend import install_cpu_backend
     install_cpu_backend()
@@ -235,9 +234,11 @@ CHILD = textwrap.dedent("""
 
 def test_resume_after_sigkill_gives_the_same_order(tmp_path):
     state = tmp_path / "search"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"),
+    # the child imports test_shed: this folder goes on its PYTHONPATH
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                                        str(Path(__file__).resolve().parents[2] / "src"),
                                                         os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
-    child = subprocess.run([sys.executable, "-c", CHILD.format(tests=str(Path(__file__).parent), state=str(state))],
+    child = subprocess.run([sys.executable, "-c", CHILD.format(state=str(state))],
                            env=env, capture_output=True, text=True, timeout=300)
     assert child.returncode == -9, child.stderr[-2000:]
     assert sorted(p.name for p in state.iterdir()) == ["step_000.json", "step_001.json"]

@@ -2,7 +2,6 @@
 hardware named."""
 
 import importlib
-import sys
 
 import pytest
 import torch
@@ -37,10 +36,7 @@ def results_root(tmp_path_factory):
 
 
 def renderer(name):
-    path = str(REPO_ROOT / "paper_tables")
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    return importlib.import_module(name)
+    return importlib.import_module(f"paper_tables.speed.{name}")
 
 
 def test_table17(results_root, tmp_path):

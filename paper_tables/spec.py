@@ -1,0 +1,96 @@
+"""A table's layout as data: the `render:` mapping under `tables.<table>` in the owning experiments/*/config.yaml.
+
+    render:
+      layout: pre_post                 # one of LAYOUT_NAMES (how rows and ratios are arranged)
+      columns: [wiki_word_perplexity, lambada_ppl, zero_shot_avg]    # metric ids (paper_tables/metrics.py)
+      # or per profile:  columns: {tiny: [...], paper: [...]}
+      # a column may rename its header:  {metric: zero_shot_avg, label: "Avg $\\uparrow$"}
+
+The pipeline treats `render` as opaque; this module validates it. Which experiment owns a table comes from the
+configs only (state_reduction.pipeline.find_experiment).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from paper_tables.metrics import Metric, TableSpecError, closest, metric
+from state_reduction.pipeline import EXPERIMENTS_DIR, PipelineError, find_experiment, load_experiment
+
+RENDER_KEYS = ("layout", "columns")
+COLUMN_KEYS = ("metric", "label")
+
+
+def config_path(experiment: str) -> Path:
+    path = Path(experiment)
+    return path if path.suffix in (".yaml", ".yml") else EXPERIMENTS_DIR / experiment / "config.yaml"
+
+
+def declared_tables() -> dict[str, str]:
+    """table -> the experiment whose config.yaml declares it, over every experiments/*/config.yaml."""
+    out = {}
+    for path in sorted(EXPERIMENTS_DIR.glob("*/config.yaml")):
+        for table in (yaml.safe_load(path.read_text()) or {}).get("tables") or {}:
+            out.setdefault(table, path.parent.name)
+    return out
+
+
+def owner(table: str, experiment: str | None = None) -> str:
+    """The experiment that declares `table` (`experiment` when given); a table no config declares is a
+    TableSpecError naming the closest declared tables."""
+    if experiment is not None:
+        return experiment
+    declared = declared_tables()
+    if table not in declared:
+        raise TableSpecError(f"{EXPERIMENTS_DIR}/*/config.yaml: no experiment declares table {table!r} under "
+                             f"`tables:`; {closest(table, sorted(declared, key=lambda t: (len(t), t)))}")
+    try:
+        return find_experiment(table)
+    except PipelineError as e:  # declared by two experiments
+        raise TableSpecError(str(e)) from None
+
+
+def render_spec(spec: dict, table: str, profile: str, layouts, experiment: str | None = None) -> dict:
+    """{"layout": name, "columns": [Metric, ...]} of `table` on `profile`, from its `render:` mapping."""
+    where = f"{config_path(experiment or spec['experiment'])}: tables.{table}.render"
+    render = (spec.get("tables") or {}).get(table, {}).get("render")
+    if not isinstance(render, dict):
+        raise TableSpecError(f"{where}: missing (a mapping with {', '.join(RENDER_KEYS)})")
+    unknown = [k for k in render if k not in RENDER_KEYS]
+    if unknown:
+        raise TableSpecError(f"{where}: unknown key {unknown[0]!r}; {closest(unknown[0], RENDER_KEYS)}")
+    layout = render.get("layout")
+    if layout not in layouts:
+        raise TableSpecError(f"{where}.layout: {layout!r} is not a layout; {closest(layout, layouts)}")
+    columns = render.get("columns")
+    if isinstance(columns, dict):
+        if profile not in columns:
+            raise TableSpecError(f"{where}.columns: no columns for profile {profile!r}; "
+                                 f"profiles: {', '.join(columns)}")
+        columns, where = columns[profile], f"{where}.columns.{profile}"
+    else:
+        where = f"{where}.columns"
+    if not isinstance(columns, list) or not columns:
+        raise TableSpecError(f"{where}: a non-empty list of metric ids, got {columns!r}")
+    return {"layout": layout, "columns": [_column(c, f"{where}[{i}]") for i, c in enumerate(columns)]}
+
+
+def _column(entry, where: str) -> Metric:
+    if isinstance(entry, str):
+        return metric(entry, where)
+    if not isinstance(entry, dict) or "metric" not in entry:
+        raise TableSpecError(f"{where}: a metric id or a mapping with `metric` (and `label`), got {entry!r}")
+    unknown = [k for k in entry if k not in COLUMN_KEYS]
+    if unknown:
+        raise TableSpecError(f"{where}: unknown key {unknown[0]!r}; {closest(unknown[0], COLUMN_KEYS)}")
+    m = metric(entry["metric"], where)
+    return m.with_label(entry["label"]) if "label" in entry else m
+
+
+def load(table: str, profile: str, layouts, experiment: str | None = None) -> tuple[dict, dict]:
+    """(the owning experiment's spec, the table's render spec)."""
+    experiment = owner(table, experiment)
+    spec = load_experiment(experiment)
+    return spec, render_spec(spec, table, profile, layouts, experiment)
