@@ -39,8 +39,8 @@ def unigram_counts(tokenizer):
 
 def test_checkpoints_fit_the_size_budget():
     total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
-    # six text models of ~8.5 MiB and four recall models (*_mqar) of ~3 MiB
-    assert total <= 68 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 68 MiB"
+    # six text models of ~8.5 MiB and six recall models (*_mqar) of ~3 MiB, with room for two more recall models
+    assert total <= 76 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 76 MiB"
 
 
 def test_tokenizer_is_byte_level_bpe_of_about_8k(tokenizer):
