@@ -70,6 +70,19 @@ def grad_batch_size(cfg: PruneConfig) -> int:
     return max(1, min(cfg.batch_size, cfg.grad_tokens // cfg.seq_len))
 
 
+def _stopwatch() -> tuple[dict[str, float], Callable[[str], None]]:
+    """(seconds per stage, lap): `lap(stage)` records the wall seconds since the previous lap (or the start) under
+    `stage` (prune's record keeps them as `stage_seconds`; `bench pipeline` reads them)."""
+    seconds, last = {}, [time.perf_counter()]
+
+    def lap(stage: str) -> None:
+        now = time.perf_counter()
+        seconds[stage] = round(now - last[0], 4)
+        last[0] = now
+
+    return seconds, lap
+
+
 def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = None) -> dict:
     """Prune `cfg.model` and publish the checkpoint with selection.json as `cfg.out`; returns the record.
     `write_extra(folder, record)` adds files (the result) to the folder before it is published."""
@@ -93,6 +106,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
 
     cfg.validate()
     t0 = time.time()
+    stage_seconds, lap = _stopwatch()
     install_cpu_backend()
     config = load_config(cfg.model)
     selector = get_selector(cfg.method)
@@ -110,6 +124,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     H, K = adapter.key_heads(model.config)
     keep = keep_count(K, cfg.ratio, cfg.multiple, cfg.power_of_two)
     state_before = adapter.state_bytes_per_sequence(model.config)
+    lap("load")
 
     stats, calibration = {}, None
     if selector.needs and keep < K:  # exactly the statistics the selector reads (calibration.STATISTICS)
@@ -123,6 +138,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
         calibration = {"corpus": cfg.calib, "stream": "calibration", "n": cfg.n_calib, "seq_len": cfg.seq_len,
                        "tokens": int(windows.numel()), "seed": cfg.seed,
                        "sha256": get_corpus_info(cfg.calib).sha256}
+    lap("calibration")
 
     generator = torch.Generator().manual_seed(cfg.seed)
     selections = {}
@@ -130,8 +146,10 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
         w_q, w_k = adapter.qk_weights(ref.module)
         selections[ref.layer] = selector(SelectorInput(stats.get(ref.layer), w_q.detach(), w_k.detach(), keep,
                                                        cfg.select, generator, ref.layer))
+    lap("selection")
     reduce_model(model, selections)
     model.to(saved_dtype)  # computed in fp32 on a CPU; saved in the checkpoint's own dtype
+    lap("surgery")
     state_after = adapter.state_bytes_per_sequence(model.config)
     rotations = {f"layer{layer}": sel.rotation.contiguous() for layer, sel in selections.items()
                  if sel.rotation is not None}
@@ -152,8 +170,9 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
             from safetensors.torch import save_file
 
             save_file(rotations, os.fspath(folder / "selection_rotations.safetensors"))
+        lap("save")  # the weights and tokenizer are written when the selection is
         record.update(wall_time_s=round(time.time() - t0, 2), peak_memory_bytes=peak_memory_bytes(device),
-                      peak_rss_bytes=host_peak_rss_bytes())
+                      peak_rss_bytes=host_peak_rss_bytes(), stage_seconds=stage_seconds)
         write_json_atomic(folder / "selection.json", record)
         if write_extra is not None:
             write_extra(folder, record)

@@ -1,4 +1,4 @@
-"""`state-reduction bench {calibration,decode,prefill,mixer,recurrence,state-memory}`."""
+"""`state-reduction bench {calibration,decode,prefill,mixer,recurrence,state-memory,pipeline}`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from state_reduction.provenance import REPO_ROOT
 
 TINY_CHECKPOINTS = REPO_ROOT / "experiments" / "tiny_models" / "checkpoints"
 
-MODES = ("calibration", "decode", "prefill", "mixer", "recurrence", "state-memory")
+MODES = ("calibration", "decode", "prefill", "mixer", "recurrence", "state-memory", "pipeline")
 DEFAULT_MODEL = str(TINY_CHECKPOINTS / "gated_deltanet")
 
 
@@ -95,6 +95,8 @@ def _cmd_bench(args) -> int:
     torch.set_num_threads(args.threads)
     if args.mode == "calibration":
         return _cmd_calibration(args)
+    if args.mode == "pipeline":
+        return _cmd_pipeline(args)
     ratios = tuple(args.ratios)
     if args.mode == "state-memory":
         record = _state_memory_record(args)
@@ -171,6 +173,19 @@ def _state_memory_record(args) -> dict:
                         extra={"mode": "state-memory", "hardware": "none (accounting)", "backend": "none", "rows": rows})
 
 
+def _cmd_pipeline(args) -> int:
+    from state_reduction.results import results_dir, write_result
+    from state_reduction.speed.cell_profile import bench_pipeline, format_pipeline
+
+    record = bench_pipeline(args.experiment, args.cell_model, args.method, args.ratios[0], profile=args.profile,
+                            limit=args.limit)
+    print(format_pipeline(record))
+    out = Path(args.out) if args.out else (results_dir(args.profile, "speed", args.results_root)
+                                           / f"pipeline_{args.cell_model}_{args.method}_cpu.json")
+    print(f"-> {write_result(out, record)}")
+    return 0
+
+
 def _cmd_calibration(args) -> int:
     from state_reduction.atomic import write_json_atomic
     from state_reduction.pruning.calibration_cost import bench_calibration, format_calibration
@@ -194,7 +209,9 @@ def register(sub) -> None:
                         description="decode/prefill: full model (Tables 17, 18); mixer: one Gated DeltaNet layer "
                                     "(Table 19); recurrence: one decode step at recurrence, layer and model level with "
                                     "Amdahl bounds; state-memory: state bytes per sequence and the largest batch in a "
-                                    "budget; calibration: time and peak memory vs calibration size.")
+                                    "budget; calibration: time and peak memory vs calibration size; pipeline: the "
+                                    "wall time of each stage of one table cell and the evaluation against the bare "
+                                    "forward over the same batches.")
     be.add_argument("mode", choices=MODES)
     be.add_argument("--model", default=None, help=f"decode/prefill: checkpoint directory or preset (gdn-1.3b, dn-1.3b); default {DEFAULT_MODEL}; "
                          "recurrence always uses the gdn-1.3b shape")
@@ -228,6 +245,11 @@ def register(sub) -> None:
     be.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128, 512], help="calibration: numbers of sequences")
     be.add_argument("--batch-size", type=positive_int, default=8, help="calibration batch")
     be.add_argument("--calib", default="books", help="calibration corpus (books has the most calibration tokens)")
+    be.add_argument("--experiment", default="deltanet_gdn", help="pipeline: the experiment whose cell is timed")
+    be.add_argument("--cell-model", default="deltanet", help="pipeline: the cell's model key in the experiment")
+    be.add_argument("--method", default="drrqr", help="pipeline: the cell's selector (first of --ratios is its ratio)")
+    be.add_argument("--limit", type=float, default=None,
+                    help="pipeline: examples per evaluation task (default: the experiment's)")
     be.set_defaults(func=_run)
 
 
