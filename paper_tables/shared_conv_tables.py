@@ -29,10 +29,11 @@ from paper_tables.lm_tables import (
     to_markdown,
     write_outputs,
 )
+from paper_tables.collect import results_frame, runs, where_config
 from paper_tables.figures import save_figure
 from paper_tables import spec as table_spec
 from paper_tables.metrics import Metric
-from state_reduction.pipeline import collect, table_evaluate
+from state_reduction.pipeline import table_evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "pca_vs_shared_conv"
@@ -51,12 +52,9 @@ class SharedConvTable(Table):
         super().__init__(EXPERIMENT, table, profile, results_root)
         settings, suffix = table_evaluate(self.spec, table, profile)
         self.suite = settings["suite"]
-        self.values = {}
-        for r in collect(EXPERIMENT, profile, results_root):
-            c = r["config"]
-            if r["kind"] == "evaluate" and all(c.get(k) == v for k, v in settings.items()):
-                vary = tuple(sorted(c.get("vary", {}).items()))
-                self.values.setdefault((c["model"], c["method"], c["ratio"], c["rft"]), {})[vary] = r["metrics"]
+        frame = results_frame(EXPERIMENT, profile, results_root)
+        frame = where_config(frame[frame["kind"] == "evaluate"], settings, strict=True)
+        self.values = runs(frame, ["model", "method", "ratio", "rft"])
         self.missing = [f"{m}-baseline-r0-eval{suffix}" for m in self.models
                         if (m, "baseline", 0.0, False) not in self.values]
         self.missing += [f"{c.name}-eval-pre{suffix}" for c in self.cells
