@@ -65,10 +65,12 @@ def markdown(header: list[str], rows: list[list], rule: str = "---") -> str:
     return "\n".join(lines) + "\n"
 
 
-def comparison(title: str, intro: str, header: list[str] | None, rows: list[list], notes=()) -> str:
-    """A `_vs_paper.md`: a `# title`, the intro paragraph, the table (if a header) and the notes as a list."""
+def comparison(title: str, intro: str, header: list[str] | None, rows: list[list], notes=(),
+               closing: str | None = None) -> str:
+    """A `_vs_paper.md`: a `# title`, the intro paragraph(s), the table (if a header), the notes as a list and a
+    closing paragraph."""
     lines = [f"# {title}", "", intro, ""]
     if header:
         lines.append(markdown(header, rows))
-    lines += [f"- {n}" for n in notes]
+    lines += [f"- {n}" for n in notes] + ([closing] if closing is not None else [])
     return "\n".join(lines) + "\n"
