@@ -58,10 +58,12 @@ def latex(comment: str | None, header: list, rows: list[list], spec: str, cell=N
 
 
 def markdown(header: list[str], rows: list[list], rule: str = "---") -> str:
-    """A Markdown table; string cells as they are, other cells through md_cell. `rule`: each column's cell of the
-    separator row ("---", or " --- " for `| --- |`)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + f"{rule}|" * len(header)]
-    lines += ["| " + " | ".join(c if isinstance(c, str) else md_cell(*c) for c in r) + " |" for r in rows]
+    """A Markdown table; string cells as they are, None a blank cell (`| |`), other cells through md_cell. `rule`:
+    each column's cell of the separator row ("---", or " --- " for `| --- |`)."""
+    def row(cells):
+        return "|" + "|".join(" " if c is None else f" {c if isinstance(c, str) else md_cell(*c)} " for c in cells) + "|"
+
+    lines = [row(header), "|" + f"{rule}|" * len(header)] + [row(r) for r in rows]
     return "\n".join(lines) + "\n"
 
 
