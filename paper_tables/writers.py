@@ -39,11 +39,11 @@ def tex_markdown(text: str) -> str:
 
 
 def latex(comment: str | None, header: list, rows: list[list], spec: str, cell=None, text=tex_escape,
-          header_text=None, caption: str | None = None, small: bool = False) -> str:
+          header_text=None, caption: str | None = None, small: bool = False, footnote: str | None = None) -> str:
     """A booktabs tabular with a `% comment` line first (none if None); string cells through `text` (default
     tex_escape), other cells through `cell` (default tex_cell). `header`: one row, or a list of rows, of cells
     passed through `header_text` (default: as they are). With a `caption` the tabular is a `table` float (centred,
-    `\\small` if asked)."""
+    `\\small` if asked, a `footnote` line below the tabular)."""
     cell = cell or (lambda c: tex_cell(*c))
     header_text = header_text or (lambda c: c)
     heads = header if header and isinstance(header[0], list) else [header]
@@ -53,7 +53,9 @@ def latex(comment: str | None, header: list, rows: list[list], spec: str, cell=N
     lines += [f"\\begin{{tabular}}{{{spec}}}", "\\toprule"]
     lines += [" & ".join(map(header_text, h)) + " \\\\" for h in heads] + ["\\midrule"]
     lines += [" & ".join(text(c) if isinstance(c, str) else cell(c) for c in r) + " \\\\" for r in rows]
-    lines += ["\\bottomrule", "\\end{tabular}"] + (["\\end{table}"] if caption is not None else [])
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    if caption is not None:
+        lines += ([f"\\par\\footnotesize {footnote}"] if footnote else []) + ["\\end{table}"]
     return "\n".join(lines) + "\n"
 
 
