@@ -168,9 +168,8 @@ def comparison(t: AblationTable, header, rows) -> str:
     lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
              ("WikiText-2 word perplexity before RFT; paper values from paper_tables/reference_data. Tiny-profile "
               "models are ~2M-parameter stand-ins on offline data: compare orderings and spreads, not magnitudes."), "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+             writers.markdown(header, rows)]
+    return "\n".join(lines)
 
 
 def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,

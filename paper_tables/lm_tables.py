@@ -307,13 +307,9 @@ def comparison(t: Table) -> str:
     # the paper's tasks that this profile's suite does not run would be columns of holes only
     metrics = [m for m in metrics if m.id not in ACCURACIES["paper"] or m.id in ours]
     metrics = [m for m in metrics if m not in (TINY_LONG_CONTEXT if t.profile == "paper" else LONG_CONTEXT)]
-    lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
-             ("Paper values are the published ones (paper_tables/reference_data). Tiny-profile models are ~2M-"
-              "parameter stand-ins on offline data and a different task suite: compare orderings, not magnitudes."), "",
-             "| paper model | ours | method | compr. | RFT | " + " | ".join(
-                 f"{_short(m)} ours | {_short(_paper_metric(m))} paper" for m in metrics) + " |",
-             "|" + "---|" * (5 + 2 * len(metrics))]
-    seen = set()
+    header = ["paper model", "ours", "method", "compr.", "RFT"] + [
+        h for m in metrics for h in (f"{_short(m)} ours", f"{_short(_paper_metric(m))} paper")]
+    rows, seen = [], set()
     for row in ref:
         model = next((k for k in t.models if row["model"] in t.p["models"][k]["stands_for"]), None)
         key = (row["model"], row["method"], row["ratio"], row["rft"])
@@ -325,8 +321,11 @@ def comparison(t: Table) -> str:
         for m in metrics:
             cells += [_fmt(t.get(model, row["method"], row["ratio"], row["rft"], m)),
                       _fmt(row.get(_paper_key(m)))]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return "\n".join([f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
+                      ("Paper values are the published ones (paper_tables/reference_data). Tiny-profile models are "
+                       "~2M-parameter stand-ins on offline data and a different task suite: compare orderings, not "
+                       "magnitudes."), "", writers.markdown(header, rows)])
 
 
 # -- figure -----------------------------------------------------------------------------------------------------
