@@ -22,8 +22,9 @@ from paper_tables.lm_tables import (
 )
 from paper_tables import spec as table_spec
 from paper_tables import writers
+from paper_tables.collect import CELL, results_frame, runs
 from paper_tables.writers import fmt as _fmt
-from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells
+from state_reduction.pipeline import load_experiment, profile_spec, table_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECT_NAMES = {"kq": "K,Q", "k": "K", "q": "Q"}
@@ -41,11 +42,10 @@ class AblationTable:
         self.models, self.cells, _ = table_cells(self.spec, table, profile)
         self.p = profile_spec(self.spec, profile)
         self.defaults = {"select": self.spec.get("select", "kq"), **self.p["prune"]}
-        self.values = {}
-        for r in collect(self.experiment, profile, results_root):
-            c = r["config"]
-            if r["kind"] == "evaluate" and not c["rft"]:
-                self.values[(c["model"], c["method"], c["ratio"], tuple(sorted(c.get("vary", {}).items())))] = r["metrics"]
+        frame = results_frame(self.experiment, profile, results_root)
+        frame = frame[(frame["kind"] == "evaluate") & frame["rft"].eq(False)]
+        self.values = {(*cell, vary): metrics for cell, replicates in runs(frame, CELL).items()
+                       for vary, metrics in replicates.items()}
         self.missing = [f"{m}-baseline-r0-eval" for m in self.models if self.get(m, "baseline", 0.0, ()) is None]
         self.missing += [f"{c.name}-eval-pre" for c in self.cells if self.get(c.model, c.method, c.ratio, c.vary) is None]
         self.paper = reference_rows(table)
@@ -168,9 +168,8 @@ def comparison(t: AblationTable, header, rows) -> str:
     lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
              ("WikiText-2 word perplexity before RFT; paper values from paper_tables/reference_data. Tiny-profile "
               "models are ~2M-parameter stand-ins on offline data: compare orderings and spreads, not magnitudes."), "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+             writers.markdown(header, rows)]
+    return "\n".join(lines)
 
 
 def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,

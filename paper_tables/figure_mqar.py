@@ -15,6 +15,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from paper_tables import writers
 from paper_tables.figures import save_figure
 from state_reduction.evaluation.mqar import CELL_PAIRS, cell_name
 from state_reduction.pipeline import collect, load_experiment, profile_spec
@@ -82,11 +83,9 @@ def render(profile: str, results_root=None, out_root: Path | None = None, figure
     verdict_rows = []
     for i, fam in enumerate(families):
         cells = [cell_name(p, n) for n, ps in CELL_PAIRS.items() for p in ps if cell_name(p, n) in acc[(fam, "baseline", 0.0)]]
-        lines += [f"## {fam}", "", "| method | ratio | " + " | ".join(c.replace("mqar_", "L").replace("_p", " p") for c in cells)
-                  + " | ± |", "|" + "---|" * (len(cells) + 3)]
+        header = ["method", "ratio"] + [c.replace("mqar_", "L").replace("_p", " p") for c in cells] + ["±"]
         dense = {c: summary(acc[(fam, "baseline", 0.0)][c], se[(fam, "baseline", 0.0)][c]) for c in cells}
-        lines.append("| dense | 0 | " + " | ".join(f"{100 * dense[c][0]:.1f}" for c in cells)
-                     + f" | {next(iter(dense.values()))[2]} |")
+        rows = [["dense", "0"] + [f"{100 * dense[c][0]:.1f}" for c in cells] + [next(iter(dense.values()))[2]]]
         for j, method in enumerate(methods):
             ax = axes[i][j]
             for ratio in [0.0] + ratios:
@@ -104,9 +103,9 @@ def render(profile: str, results_root=None, out_root: Path | None = None, figure
                 if ratio == 0.0:
                     continue
                 row = {c: summary(acc[key][c], se[key][c]) for c in cells if c in acc[key]}
-                lines.append(f"| {METHOD_NAMES.get(method, method)} | {round(ratio * 100)}% | "
-                             + " | ".join(f"{100 * row[c][0]:.1f}" if c in row else "–" for c in cells)
-                             + f" | {next(iter(row.values()))[2]} |")
+                rows.append([METHOD_NAMES.get(method, method), f"{round(ratio * 100)}%"]
+                            + [f"{100 * row[c][0]:.1f}" if c in row else "–" for c in cells]
+                            + [next(iter(row.values()))[2]])
                 if ratio == max(ratios):
                     drop, where = max((dense[c][0] - row[c][0], c) for c in row)
                     verdict_rows.append((fam, method, ratio, drop, where, dense[where], row[where]))
@@ -117,19 +116,19 @@ def render(profile: str, results_root=None, out_root: Path | None = None, figure
                 ax.set_xlabel("key-value pairs")
             if j == 0:
                 ax.set_ylabel("MQAR accuracy (%)")
-        lines.append("")
+        lines += [f"## {fam}", "", writers.markdown(header, rows)]
     fig.legend(loc="upper center", ncol=2 * (len(ratios) + 1), fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     paths = save_figure(fig, (figures_root or ROOT / "figures") / profile / "figure_mqar", dpi=130)
     if verdict_rows:
         top = max(ratios)
         lines += [f"## Does the testbed discriminate? Largest loss at {round(top * 100)}% against dense", "",
-                  "| family | selector | largest loss (points) | cell | dense | pruned | >= 10 points |",
-                  "|---|---|---|---|---|---|---|"]
-        for fam, method, ratio, drop, where, d, r in verdict_rows:
-            lines.append(f"| {fam} | {METHOD_NAMES.get(method, method)} | {100 * drop:.1f} | {where} | "
-                         f"{100 * d[0]:.1f} ± {100 * d[1]:.1f} | {100 * r[0]:.1f} ± {100 * r[1]:.1f} | "
-                         f"{'yes' if drop >= DISCRIMINATES else 'no'} |")
+                  writers.markdown(["family", "selector", "largest loss (points)", "cell", "dense", "pruned",
+                                    ">= 10 points"],
+                                   [[fam, METHOD_NAMES.get(method, method), f"{100 * drop:.1f}", where,
+                                     f"{100 * d[0]:.1f} ± {100 * d[1]:.1f}", f"{100 * r[0]:.1f} ± {100 * r[1]:.1f}",
+                                     "yes" if drop >= DISCRIMINATES else "no"]
+                                    for fam, method, ratio, drop, where, d, r in verdict_rows]).rstrip("\n")]
         hits = [v for v in verdict_rows if v[3] >= DISCRIMINATES]
         lines += ["", f"{len(hits)} of {len(verdict_rows)} (family, selector) pairs lose >= 10 points at "
                   f"{round(top * 100)}% on at least one cell."]

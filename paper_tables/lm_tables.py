@@ -17,14 +17,16 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
+
 from paper_tables import spec as table_spec
 from paper_tables import writers
+from paper_tables.collect import in_cells, results_frame, runs, where_config
 from paper_tables.figures import save_figure
 from paper_tables.metrics import METRICS, Metric
 from paper_tables.writers import fmt as _fmt
 from state_reduction.pipeline import (
     CONTROL,
-    collect,
     load_experiment,
     profile_spec,
     table_cells,
@@ -69,19 +71,14 @@ class Table:
         self.control = any(c.method == CONTROL for c in self.cells)
         wanted = {(c.model, c.method, c.ratio, c.vary) for c in self.cells}
         # (model, method, ratio, rft) -> {replicate (the cell's vary): metrics}; one replicate per seed
-        self.values = {}
-        for r in collect(self.spec["experiment"], profile, results_root):
-            if r["kind"] != "evaluate":
-                continue
-            c = r["config"]
-            if any(k in c and c[k] != v for k, v in self.evaluate.items()):
-                continue  # evaluated with other settings, for another table of the experiment
-            vary = tuple(sorted(c.get("vary", {}).items()))
-            if c["method"] != "baseline" and (c["model"], c["method"], c["ratio"], vary) not in wanted:
-                continue  # a replicate or variation this table does not show
-            self.values.setdefault((c["model"], c["method"], c["ratio"], c["rft"]), {})[vary] = r["metrics"]
-            if c["method"] == "baseline":  # the dense model is its own post-RFT row, as in the paper
-                self.values.setdefault((c["model"], c["method"], c["ratio"], True), {})[vary] = r["metrics"]
+        frame = results_frame(self.spec["experiment"], profile, results_root)
+        # evaluated with the table's settings (not those of another table of the experiment), and a cell, replicate
+        # or variation this table shows
+        frame = where_config(frame[frame["kind"] == "evaluate"], self.evaluate)
+        frame = frame[(frame["method"] == "baseline") | in_cells(frame, wanted)]
+        # the dense model is its own post-RFT row, as in the paper
+        baseline = frame[frame["method"] == "baseline"].assign(rft=True)
+        self.values = runs(pd.concat([frame, baseline]) if len(baseline) else frame, ["model", "method", "ratio", "rft"])
         self.ratios = sorted({c.ratio for c in self.cells if c.method != CONTROL}, reverse=True)
         self.missing = []
         for m in self.models:
@@ -310,13 +307,9 @@ def comparison(t: Table) -> str:
     # the paper's tasks that this profile's suite does not run would be columns of holes only
     metrics = [m for m in metrics if m.id not in ACCURACIES["paper"] or m.id in ours]
     metrics = [m for m in metrics if m not in (TINY_LONG_CONTEXT if t.profile == "paper" else LONG_CONTEXT)]
-    lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
-             ("Paper values are the published ones (paper_tables/reference_data). Tiny-profile models are ~2M-"
-              "parameter stand-ins on offline data and a different task suite: compare orderings, not magnitudes."), "",
-             "| paper model | ours | method | compr. | RFT | " + " | ".join(
-                 f"{_short(m)} ours | {_short(_paper_metric(m))} paper" for m in metrics) + " |",
-             "|" + "---|" * (5 + 2 * len(metrics))]
-    seen = set()
+    header = ["paper model", "ours", "method", "compr.", "RFT"] + [
+        h for m in metrics for h in (f"{_short(m)} ours", f"{_short(_paper_metric(m))} paper")]
+    rows, seen = [], set()
     for row in ref:
         model = next((k for k in t.models if row["model"] in t.p["models"][k]["stands_for"]), None)
         key = (row["model"], row["method"], row["ratio"], row["rft"])
@@ -328,8 +321,11 @@ def comparison(t: Table) -> str:
         for m in metrics:
             cells += [_fmt(t.get(model, row["method"], row["ratio"], row["rft"], m)),
                       _fmt(row.get(_paper_key(m)))]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return "\n".join([f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
+                      ("Paper values are the published ones (paper_tables/reference_data). Tiny-profile models are "
+                       "~2M-parameter stand-ins on offline data and a different task suite: compare orderings, not "
+                       "magnitudes."), "", writers.markdown(header, rows)])
 
 
 # -- figure -----------------------------------------------------------------------------------------------------

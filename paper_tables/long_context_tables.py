@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from paper_tables import spec as table_spec
+from paper_tables import writers
 from paper_tables.figures import save_figure
 from paper_tables.lm_tables import (
     LONG_CONTEXT,
@@ -75,8 +76,9 @@ def comparison(t: Table, metrics) -> str:
                      "text scored as a 4-way choice (chance 25%); 256 stands for the paper's 2K (the training length), "
                      "512 for 4K. RULER = mean of passkey and key-value retrieval, NIAH = passkey. Compare orderings, "
                      "not magnitudes.")
-    lines += ["", "| paper model | ours | method | compr. | " + " | ".join(f"{h} ours | {paper_heads[m.paper_key or m.id]} paper" for h, m in zip(heads, metrics)) + " |",
-              "|" + "---|" * (4 + 2 * len(metrics))]
+    header = ["paper model", "ours", "method", "compr."] + [
+        x for h, m in zip(heads, metrics) for x in (f"{h} ours", f"{paper_heads[m.paper_key or m.id]} paper")]
+    rows = []
     for row in reference_rows(t.table):
         model = next((k for k in t.models if row["model"] in t.p["models"][k]["stands_for"]), None)
         if model is None:
@@ -84,8 +86,8 @@ def comparison(t: Table, metrics) -> str:
         cells = [row["model"], model, METHOD_NAMES[row["method"]], f"{round(row['ratio'] * 100)}%"]
         for m in metrics:
             cells += [_fmt(t.get(model, row["method"], row["ratio"], True, m)), _fmt(row.get(m.paper_key or m.id))]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return "\n".join(lines + ["", writers.markdown(header, rows)])
 
 
 def plot(t: Table, metrics, stem: Path) -> list[Path]:

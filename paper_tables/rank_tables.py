@@ -16,6 +16,7 @@ import itertools
 import math
 from pathlib import Path
 
+from paper_tables import writers
 from paper_tables.lm_tables import METHOD_NAMES, rank_marks, reference_rows, report, write_outputs
 from paper_tables.figures import save_figure as _save_figure
 
@@ -119,25 +120,17 @@ def tail_share(spectrum: list[float] | None, k: int) -> float | None:
 
 # -- writing --------------------------------------------------------------------------------------------------
 def markdown(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+    return writers.markdown(header, rows)
 
 
 def latex(caption: str, header: list[str], rows: list[list[str]]) -> str:
-    esc = lambda c: c.replace("_", "\\_").replace("%", "\\%").replace("**", "")
-    bold = lambda c: f"\\textbf{{{esc(c[2:-2])}}}" if c.startswith("**") and c.endswith("**") else esc(c)
-    lines = [f"% {caption}", "\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
-             " & ".join(map(esc, header)) + " \\\\", "\\midrule"]
-    lines += [" & ".join(map(bold, r)) + " \\\\" for r in rows]
-    return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"]) + "\n"
+    """The table's cells are Markdown text (the best `**bold**`)."""
+    return writers.latex(caption, header, rows, "l" + "r" * (len(header) - 1), text=writers.tex_markdown,
+                         header_text=writers.tex_markdown)
 
 
 def vs_paper(r: RankResults, intro: str, header: list[str], rows: list[list[str]], notes=()) -> str:
-    lines = [f"# {r.target}: ours ({r.profile} profile) vs the paper", "", intro, ""]
-    if header:
-        lines.append(markdown(header, rows))
-    lines += [f"- {n}" for n in notes]
-    return "\n".join(lines) + "\n"
+    return writers.comparison(f"{r.target}: ours ({r.profile} profile) vs the paper", intro, header, rows, notes)
 
 
 def mark(values: list, lower_is_better: bool, digits: int = 3) -> list[str]:

@@ -29,10 +29,12 @@ from paper_tables.lm_tables import (
     to_markdown,
     write_outputs,
 )
+from paper_tables.collect import results_frame, runs, where_config
 from paper_tables.figures import save_figure
 from paper_tables import spec as table_spec
+from paper_tables import writers
 from paper_tables.metrics import Metric
-from state_reduction.pipeline import collect, table_evaluate
+from state_reduction.pipeline import table_evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "pca_vs_shared_conv"
@@ -51,12 +53,9 @@ class SharedConvTable(Table):
         super().__init__(EXPERIMENT, table, profile, results_root)
         settings, suffix = table_evaluate(self.spec, table, profile)
         self.suite = settings["suite"]
-        self.values = {}
-        for r in collect(EXPERIMENT, profile, results_root):
-            c = r["config"]
-            if r["kind"] == "evaluate" and all(c.get(k) == v for k, v in settings.items()):
-                vary = tuple(sorted(c.get("vary", {}).items()))
-                self.values.setdefault((c["model"], c["method"], c["ratio"], c["rft"]), {})[vary] = r["metrics"]
+        frame = results_frame(EXPERIMENT, profile, results_root)
+        frame = where_config(frame[frame["kind"] == "evaluate"], settings, strict=True)
+        self.values = runs(frame, ["model", "method", "ratio", "rft"])
         self.missing = [f"{m}-baseline-r0-eval{suffix}" for m in self.models
                         if (m, "baseline", 0.0, False) not in self.values]
         self.missing += [f"{c.name}-eval-pre{suffix}" for c in self.cells
@@ -99,12 +98,11 @@ def layout_table15(t: SharedConvTable, metrics: list[Metric] | None = None):
     return header, rows
 
 
-def claims_table15(t: SharedConvTable) -> list[str]:
+def claims_table15(t: SharedConvTable) -> str:
     """The paper's two claims (appendix C.6.2), ours and the paper's, cell by cell: proper PCA beats adversarial
     PCA (only with shared filters, the paper says), and Grad beats proper PCA."""
     paper = {(r["model"], r["method"], r["ratio"]): r["wiki_ppl"] for r in reference_rows(t.table)}
-    lines = ["| model | compr. | PCA prop. < PCA adv. (ours) | (paper) | Grad < PCA prop. (ours) | (paper) |",
-             "|---|---|---|---|---|---|"]
+    rows = []
 
     def verdict(a, b) -> str:
         return "--" if a is None or b is None else f"{'yes' if a < b else 'no'} ({_fmt(a)} vs {_fmt(b)})"
@@ -114,25 +112,28 @@ def claims_table15(t: SharedConvTable) -> list[str]:
         for ratio in t.ratios:
             ours = {m: t.get(key, m, ratio, False, WIKI) for m in ("pca", "pca-adv", "grad")}
             pub = {m: paper.get((name, m, ratio)) for m in ("pca", "pca-adv", "grad")}
-            lines.append(f"| {name} ({key}) | {round(ratio * 100)}% | {verdict(ours['pca'], ours['pca-adv'])} | "
-                         f"{verdict(pub['pca'], pub['pca-adv'])} | {verdict(ours['grad'], ours['pca'])} | "
-                         f"{verdict(pub['grad'], pub['pca'])} |")
-    return lines
+            rows.append([f"{name} ({key})", f"{round(ratio * 100)}%", verdict(ours["pca"], ours["pca-adv"]),
+                         verdict(pub["pca"], pub["pca-adv"]), verdict(ours["grad"], ours["pca"]),
+                         verdict(pub["grad"], pub["pca"])])
+    return writers.markdown(["model", "compr.", "PCA prop. < PCA adv. (ours)", "(paper)", "Grad < PCA prop. (ours)",
+                             "(paper)"], rows)
 
 
 def comparison_table15(t: SharedConvTable) -> str:
     lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
              ("WikiText-2 word perplexity before RFT (tiny profile: the `wiki` test split); paper values from "
               "paper_tables/reference_data/table15.json. Tiny-profile models are ~2M-parameter stand-ins on offline "
-              "data: compare orderings, not magnitudes."), "",
-             "| paper model | ours | method | compr. | Wiki ours | Wiki paper |", "|---|---|---|---|---|---|"]
+              "data: compare orderings, not magnitudes."), ""]
+    rows = []
     for r in reference_rows(t.table):
         key = t.key_of(r["model"])
         if key is None:
             continue
-        lines.append(f"| {r['model']} | {key} | {NAMES[r['method']]} | {round(r['ratio'] * 100)}% | "
-                     f"{_fmt(t.get(key, r['method'], r['ratio'], False, WIKI))} | {_fmt(r['wiki_ppl'])} |")
-    return "\n".join(lines + ["", "## The paper's claims (appendix C.6.2), cell by cell", ""] + claims_table15(t)) + "\n"
+        rows.append([r["model"], key, NAMES[r["method"]], f"{round(r['ratio'] * 100)}%",
+                     _fmt(t.get(key, r["method"], r["ratio"], False, WIKI)), _fmt(r["wiki_ppl"])])
+    lines += [writers.markdown(["paper model", "ours", "method", "compr.", "Wiki ours", "Wiki paper"], rows),
+              "## The paper's claims (appendix C.6.2), cell by cell", "", claims_table15(t)]
+    return "\n".join(lines)
 
 
 def plot(t: SharedConvTable, stem: Path) -> list[Path]:

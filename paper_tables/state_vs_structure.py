@@ -16,6 +16,7 @@ import json
 import math
 from pathlib import Path
 
+from paper_tables import writers
 from paper_tables.figures import save_figure
 from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells
 from state_reduction.stats import mean_ci
@@ -100,16 +101,16 @@ def markdown(g: dict, rs: list[dict], profile: str) -> str:
              f"{label} (lower is better), mean [95% t-interval] over calibration seeds; kept = pruned / dense "
              "(state: recurrent-state bytes per sequence; FLOPs: matmul FLOPs per token); decode speedup: batch-1 "
              "cached decode, dense / pruned, paired over interleaved repetitions on this machine.", ""]
-    lines += ["| model | method | ratio | state kept | params kept | FLOPs kept | decode speedup | pre-RFT | post-RFT |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    table = []
     for model in g["models"]:
         base = g["baseline"].get(model)
-        lines.append(f"| {model} | dense | 0 | 100% | 100% | 100% | 1.00 | {_ci([base])} | |")
+        table.append([model, "dense", "0", "100%", "100%", "100%", "1.00", _ci([base]), None])
         for r in (r for r in rs if r["model"] == model):
             sp = "--" if r["decode_speedup"] is None else f"{r['decode_speedup']:.2f}"
-            lines.append(f"| {model} | {r['method']} | {r['ratio']:g} | {_pct(r['state_kept'])} | "
-                         f"{_pct(r['params_kept'])} | {_pct(r['flops_kept'])} | {sp} | {_ci(r['pre'])} | "
-                         f"{_ci(r['post'])} |")
+            table.append([model, r["method"], f"{r['ratio']:g}", _pct(r["state_kept"]), _pct(r["params_kept"]),
+                          _pct(r["flops_kept"]), sp, _ci(r["pre"]), _ci(r["post"])])
+    lines.append(writers.markdown(["model", "method", "ratio", "state kept", "params kept", "FLOPs kept",
+                                   "decode speedup", "pre-RFT", "post-RFT"], table, rule=" --- ").rstrip("\n"))
     lines += ["", "Samples per cell (calibration seeds with a result): "
               + ", ".join(f"{r['model']}-{r['method']}: pre {_n(r['pre'])}, post {_n(r['post'])}" for r in rs)
               + f"; the table asks for {len(g['seeds_pre'])} pre-RFT and {len(g['seeds_post'])} post-RFT seeds."]
@@ -126,8 +127,8 @@ def vs_paper(g: dict, rs: list[dict], profile: str) -> str:
              "The paper we reproduce (state reduction) never compares with structure removal, and Mamba-Shedder "
              "never compares with state reduction, so neither has a number for the other's method; each side below "
              "is its own headline. Ours: the tiny stand-ins, " + label + ".", "",
-             "## The paper (state reduction, key channels), WikiText-2 perplexity pre-RFT", "",
-             "| model | method | ratio | paper ppl | paper dense |", "| --- | --- | --- | --- | --- |"]
+             "## The paper (state reduction, key channels), WikiText-2 perplexity pre-RFT", ""]
+    paper = []
     spec_models = profile_spec(g["spec"], "tiny")["models"]
     for key, m in spec_models.items():
         for paper_model in m["stands_for"]:
@@ -139,17 +140,18 @@ def vs_paper(g: dict, rs: list[dict], profile: str) -> str:
             dense = next((r["wiki_ppl"] for r in ref if r["model"] == name and r["method"] == "baseline"), None)
             for r in ref:
                 if r["model"] == name and r["method"] in ("drrqr", "grad") and not r["rft"]:
-                    lines.append(f"| {paper_model} ({table}) | {r['method']} | {r['ratio']:g} | {r['wiki_ppl']} | "
-                                 f"{dense if dense is not None else '--'} |")
+                    paper.append([f"{paper_model} ({table})", r["method"], f"{r['ratio']:g}", str(r["wiki_ppl"]),
+                                  str(dense if dense is not None else "--")])
+    lines.append(writers.markdown(["model", "method", "ratio", "paper ppl", "paper dense"], paper,
+                                  rule=" --- ").rstrip("\n"))
     shed = json.loads((REFERENCE / "mamba_shedder.json").read_text())
     lines += ["", "## Mamba-Shedder (structure removal), its README's headline", "",
-              "| model | removed | RFT | relative accuracy | speedup |", "| --- | --- | --- | --- | --- |"]
-    for r in shed["rows"]:
-        lines.append(f"| {r['model']} | {r['removed']} | {'yes' if r['rft'] else 'no'} | {r['relative_accuracy']}% | "
-                     f"~{r['speedup']}x |")
-    lines += ["", f"## Ours ({profile} profile): perplexity relative to dense (dense / pruned, higher is better)", "",
-              "| model | method | ratio | state kept | pre-RFT | post-RFT | decode speedup |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+              writers.markdown(["model", "removed", "RFT", "relative accuracy", "speedup"],
+                               [[r["model"], str(r["removed"]), "yes" if r["rft"] else "no",
+                                 f"{r['relative_accuracy']}%", f"~{r['speedup']}x"] for r in shed["rows"]],
+                               rule=" --- ").rstrip("\n")]
+    lines += ["", f"## Ours ({profile} profile): perplexity relative to dense (dense / pruned, higher is better)", ""]
+    ours = []
     for r in rs:
         base = g["baseline"].get(r["model"])
 
@@ -158,8 +160,10 @@ def vs_paper(g: dict, rs: list[dict], profile: str) -> str:
             return f"{100 * sum(vals) / len(vals):.1f}%" if vals else "--"
 
         sp = "--" if r["decode_speedup"] is None else f"{r['decode_speedup']:.2f}x"
-        lines.append(f"| {r['model']} | {r['method']} | {r['ratio']:g} | {_pct(r['state_kept'])} | {rel(r['pre'])} | "
-                     f"{rel(r['post'])} | {sp} |")
+        ours.append([r["model"], r["method"], f"{r['ratio']:g}", _pct(r["state_kept"]), rel(r["pre"]), rel(r["post"]),
+                     sp])
+    lines.append(writers.markdown(["model", "method", "ratio", "state kept", "pre-RFT", "post-RFT", "decode speedup"],
+                                  ours, rule=" --- ").rstrip("\n"))
     lines += ["", "Mamba-Shedder reports relative zero-shot accuracy; the tiny models score near chance on zero-shot "
               "tasks, so ours is relative perplexity, which is not the same scale."]
     return "\n".join(lines) + "\n"

@@ -31,16 +31,50 @@ def tex_escape(text: str) -> str:
     return text.replace("_", "\\_").replace("%", "\\%")
 
 
-def latex(comment: str, header: list[str], rows: list[list], spec: str, cell=None) -> str:
-    """A booktabs tabular with a `% comment` line first; string cells escaped, other cells through `cell`
-    (default tex_cell)."""
+def tex_markdown(text: str) -> str:
+    """A Markdown text cell in LaTeX: escaped, `**bold**` as \\textbf, ± as $\\pm$."""
+    if text.startswith("**") and text.endswith("**") and len(text) >= 4:
+        return f"\\textbf{{{tex_markdown(text[2:-2])}}}"
+    return tex_escape(text.replace("**", "")).replace("±", "$\\pm$")
+
+
+def latex(comment: str | None, header: list, rows: list[list], spec: str, cell=None, text=tex_escape,
+          header_text=None, caption: str | None = None, small: bool = False, footnote: str | None = None) -> str:
+    """A booktabs tabular with a `% comment` line first (none if None); string cells through `text` (default
+    tex_escape), other cells through `cell` (default tex_cell). `header`: one row, or a list of rows, of cells
+    passed through `header_text` (default: as they are). With a `caption` the tabular is a `table` float (centred,
+    `\\small` if asked, a `footnote` line below the tabular)."""
     cell = cell or (lambda c: tex_cell(*c))
-    lines = [f"% {comment}", f"\\begin{{tabular}}{{{spec}}}", "\\toprule", " & ".join(header) + " \\\\", "\\midrule"]
-    lines += [" & ".join(tex_escape(c) if isinstance(c, str) else cell(c) for c in r) + " \\\\" for r in rows]
-    return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"]) + "\n"
+    header_text = header_text or (lambda c: c)
+    heads = header if header and isinstance(header[0], list) else [header]
+    lines = [f"% {comment}"] if comment is not None else []
+    if caption is not None:
+        lines += ["\\begin{table}[t]", "\\centering"] + (["\\small"] if small else []) + [f"\\caption{{{caption}}}"]
+    lines += [f"\\begin{{tabular}}{{{spec}}}", "\\toprule"]
+    lines += [" & ".join(map(header_text, h)) + " \\\\" for h in heads] + ["\\midrule"]
+    lines += [" & ".join(text(c) if isinstance(c, str) else cell(c) for c in r) + " \\\\" for r in rows]
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    if caption is not None:
+        lines += ([f"\\par\\footnotesize {footnote}"] if footnote else []) + ["\\end{table}"]
+    return "\n".join(lines) + "\n"
 
 
-def markdown(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c if isinstance(c, str) else md_cell(*c) for c in r) + " |" for r in rows]
+def markdown(header: list[str], rows: list[list], rule: str = "---") -> str:
+    """A Markdown table; string cells as they are, None a blank cell (`| |`), other cells through md_cell. `rule`:
+    each column's cell of the separator row ("---", or " --- " for `| --- |`)."""
+    def row(cells):
+        return "|" + "|".join(" " if c is None else f" {c if isinstance(c, str) else md_cell(*c)} " for c in cells) + "|"
+
+    lines = [row(header), "|" + f"{rule}|" * len(header)] + [row(r) for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def comparison(title: str, intro: str, header: list[str] | None, rows: list[list], notes=(),
+               closing: str | None = None) -> str:
+    """A `_vs_paper.md`: a `# title`, the intro paragraph(s), the table (if a header), the notes as a list and a
+    closing paragraph."""
+    lines = [f"# {title}", "", intro, ""]
+    if header:
+        lines.append(markdown(header, rows))
+    lines += [f"- {n}" for n in notes] + ([closing] if closing is not None else [])
     return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ paper_tables/out/table17_<profile>.tex and .md."""
 
 from __future__ import annotations
 
+from paper_tables import writers
 from paper_tables.speed.common import (
     fmt,
     label_of,
@@ -37,8 +38,7 @@ def render(profile: str, results_root=None, out_dir=None):
     head_md = ["B", "paper GDN Base (ms)", "50%", "75%", "paper DN Base (ms)", "50%", "75%"]
     for r, _ in ours:
         head_md += [f"{label_of(r)} Base (ms)", "50%", "75%"]
-    md = ["| " + " | ".join(head_md) + " |", "|" + " --- |" * len(head_md)]
-    tex_rows = []
+    rows = []
     for b in batches:
         p = paper.get(b, {})
         cells = [str(b), fmt(p.get("gdn_base_ms")), fmt(p.get("gdn_speedup_50"), suffix="x"),
@@ -47,8 +47,7 @@ def render(profile: str, results_root=None, out_dir=None):
         for _, m in ours:
             c = m.get(b, {})
             cells += [fmt(c.get("base_ms")), fmt(c.get("r50"), suffix="x"), fmt(c.get("r75"), suffix="x")]
-        md.append("| " + " | ".join(cells) + " |")
-        tex_rows.append(" & ".join(c.replace("x", r"$\times$") for c in cells) + r" \\")
+        rows.append(cells)
     hardware = "; ".join(sorted({f"{label_of(r)}: {r['extra']['hardware']} ({r['extra']['backend']}, "
                                  f"prompt {r['config']['prompt_len']}, {r['config']['protocol']['warmup']}+"
                                  f"{r['config']['protocol']['steps']} steps, median of {r['config']['protocol']['repeats']}"
@@ -56,12 +55,11 @@ def render(profile: str, results_root=None, out_dir=None):
     caption = (f"Full-model decode, ms/token of the baseline and speedup at 50\\%/75\\% state reduction. "
                f"Paper: 1.3B models on an H100-SXM (CUDA graphs). Ours ({profile} profile): {tex_escape(hardware)}.")
     ncol = len(head_md)
-    groups = " & ".join([r"\multicolumn{3}{c}{Paper GDN (H100)}", r"\multicolumn{3}{c}{Paper DN (H100)}"]
-                        + [rf"\multicolumn{{3}}{{c}}{{{tex_escape(label_of(r))}}}" for r, _ in ours])
-    sub = " & ".join(["Base", r"50\%", r"75\%"] * (ncol // 3))
-    tex = "\n".join([r"\begin{table}[t]", r"\centering", r"\small", rf"\caption{{{caption}}}",
-                     r"\begin{tabular}{r" + "rrr" * (ncol // 3) + "}", r"\toprule",
-                     rf" & {groups} \\", rf"$B$ & {sub} \\", r"\midrule", *tex_rows, r"\bottomrule",
-                     r"\end{tabular}", r"\end{table}", ""])
-    md_text = "\n".join([f"Table 17 ({profile}): full-model decode. {hardware}. Paper: H100-SXM.", "", *md, ""])
+    groups = ([r"\multicolumn{3}{c}{Paper GDN (H100)}", r"\multicolumn{3}{c}{Paper DN (H100)}"]
+              + [rf"\multicolumn{{3}}{{c}}{{{tex_escape(label_of(r))}}}" for r, _ in ours])
+    sub = ["Base", r"50\%", r"75\%"] * (ncol // 3)
+    tex = writers.latex(None, [["", *groups], ["$B$", *sub]], rows, "r" + "rrr" * (ncol // 3),
+                        text=lambda c: c.replace("x", r"$\times$"), caption=caption, small=True)
+    md_text = "\n".join([f"Table 17 ({profile}): full-model decode. {hardware}. Paper: H100-SXM.", "",
+                         writers.markdown(head_md, rows, rule=" --- ")])
     return write(f"table17_{profile}", tex, md_text, out_dir)

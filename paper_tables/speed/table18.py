@@ -6,6 +6,7 @@ paper_tables/out/table18_<profile>.tex and .md."""
 
 from __future__ import annotations
 
+from paper_tables import writers
 from paper_tables.speed.common import (
     fmt,
     label_of,
@@ -37,8 +38,7 @@ def render(profile: str, results_root=None, out_dir=None):
     head = ["B x T", "paper GDN 50%", "paper GDN 75%", "paper DN 50%", "paper DN 75%"]
     for r, _ in ours:
         head += [f"{label_of(r)} base ms", "50%", "75%"]
-    md = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    tex_rows = []
+    rows, tex_rows = [], []
     for b, t in keys:
         p = paper.get((b, t), {})
         cells = [f"{b} x {tokens(t)}"] + [fmt(p.get(k), suffix="x") for k in
@@ -46,9 +46,8 @@ def render(profile: str, results_root=None, out_dir=None):
         for _, c in ours:
             v = c.get((b, t), {})
             cells += [fmt(v.get("base_ms"), ".1f"), fmt(v.get("r50"), suffix="x"), fmt(v.get("r75"), suffix="x")]
-        md.append("| " + " | ".join(cells) + " |")
-        tex_rows.append(" & ".join([f"${b}\\times {tokens(t)}$"] + [c.replace("x", r"$\times$") for c in cells[1:]])
-                        + r" \\")
+        rows.append(cells)
+        tex_rows.append([f"${b}\\times {tokens(t)}$"] + cells[1:])
     skipped = [f"{label_of(r)}: {s['batch']} x {tokens(s['seq_len'])} skipped: {s['reason']}"
                for r in results for s in r["extra"]["skipped"]]
     hardware = "; ".join(sorted({f"{label_of(r)}: {r['extra']['hardware']} ({r['extra']['backend']})" for r in results}))
@@ -56,13 +55,12 @@ def render(profile: str, results_root=None, out_dir=None):
                f"models on an H100-SXM; absent cells exceeded device memory. Ours ({profile} profile): "
                f"{tex_escape(hardware)}; -- = not measured.")
     n_ours = 3 * len(ours)
-    tex = "\n".join([r"\begin{table}[t]", r"\centering", r"\small", rf"\caption{{{caption}}}",
-                     r"\begin{tabular}{l" + "rrrr" + "r" * n_ours + "}", r"\toprule",
-                     " & ".join([r"$B\times T$", r"GDN 50\%", r"GDN 75\%", r"DN 50\%", r"DN 75\%"]
-                                + [x for r, _ in ours for x in (tex_escape(label_of(r)) + " ms", r"50\%", r"75\%")])
-                     + r" \\", r"\midrule", *tex_rows, r"\bottomrule", r"\end{tabular}",
-                     *([r"\par\footnotesize " + tex_escape("; ".join(skipped))] if skipped else []),
-                     r"\end{table}", ""])
-    md_text = "\n".join([f"Table 18 ({profile}): full-model prefill speedup. {hardware}. Paper: H100-SXM.", "", *md, "",
-                         *[f"- {s}" for s in skipped], ""])
+    tex_head = ([r"$B\times T$", r"GDN 50\%", r"GDN 75\%", r"DN 50\%", r"DN 75\%"]
+                + [x for r, _ in ours for x in (tex_escape(label_of(r)) + " ms", r"50\%", r"75\%")])
+    # the B x T cell is already math; elsewhere a speedup's "x" is a LaTeX times
+    tex = writers.latex(None, tex_head, tex_rows, "l" + "rrrr" + "r" * n_ours,
+                        text=lambda c: c if c.startswith("$") else c.replace("x", r"$\times$"), caption=caption,
+                        small=True, footnote=tex_escape("; ".join(skipped)) if skipped else None)
+    md_text = "\n".join([f"Table 18 ({profile}): full-model prefill speedup. {hardware}. Paper: H100-SXM.", "",
+                         writers.markdown(head, rows, rule=" --- "), *[f"- {s}" for s in skipped], ""])
     return write(f"table18_{profile}", tex, md_text, out_dir)

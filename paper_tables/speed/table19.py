@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from paper_tables import writers
 from paper_tables.speed.common import ROOT, fmt, load_results, reference, tex_escape, write
 
 
@@ -49,16 +50,15 @@ def recurrence_rows(results: list[dict]) -> tuple[list[list[str]], list[str]]:
     return rows, notes
 
 
+def _tex(cell: str) -> str:
+    """Numbers' "x" (speedups) as a LaTeX times."""
+    return tex_escape(cell).replace("x", r"$\times$") if cell[:1].isdigit() else tex_escape(cell)
+
+
 def table(caption: str, head: list[str], rows: list[list[str]]) -> tuple[str, str]:
-    tex = "\n".join([r"\begin{table}[t]", r"\centering", r"\small", rf"\caption{{{caption}}}",
-                     r"\begin{tabular}{" + "r" * len(head) + "}", r"\toprule",
-                     " & ".join(tex_escape(h) for h in head) + r" \\", r"\midrule",
-                     *[" & ".join(tex_escape(c).replace("x", r"$\times$") if c[:1].isdigit() else tex_escape(c)
-                                  for c in row) + r" \\" for row in rows],
-                     r"\bottomrule", r"\end{tabular}", r"\end{table}", ""])
-    md = "\n".join(["| " + " | ".join(head) + " |", "|" + " --- |" * len(head),
-                    *["| " + " | ".join(row) + " |" for row in rows], ""])
-    return tex, md
+    tex = writers.latex(None, head, rows, "r" * len(head), text=_tex, header_text=tex_escape, caption=caption,
+                        small=True)
+    return tex, writers.markdown(head, rows, rule=" --- ")
 
 
 def render(profile: str, results_root=None, out_dir=None):

@@ -100,8 +100,18 @@ def main(argv=None) -> None:
                          "package, e.g. b558dfa) instead of paper_tables.render")
     ap.add_argument("--profiles", nargs="+", default=PROFILES)
     ap.add_argument("--tables", nargs="+", default=TABLES)
+    ap.add_argument("--outputs", nargs="*", default=None,
+                    help="render the goldens of these targets of output_fixtures.OUTPUTS (all if none named: rank "
+                         "analysis, speed, MQAR, state vs structure, RaLiMP) instead of the evaluation tables")
     args = ap.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="table_fixtures_"))
+    if args.outputs is not None:
+        from output_fixtures import save_goldens, write_output_fixtures
+
+        write_output_fixtures(root / "results")
+        save_goldens(root / "results", root / "work", targets=args.outputs)
+        print("goldens in", GOLDEN)
+        return
     print(write_fixtures(root / "results", profiles=args.profiles), "fixture results in", root)
     cases = [(p, t, None) for p in args.profiles for t in args.tables]
     cases += [(p, t, SEEDED[t]) for p in args.profiles for t in args.tables if t in SEEDED]

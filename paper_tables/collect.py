@@ -1,0 +1,76 @@
+"""Result JSON as a pandas DataFrame, and the pivots the tables read.
+
+`results_frame` turns the results of one experiment on one profile (state_reduction.pipeline.collect) into one
+row per result: its `kind`, the config's keys as columns (`vary` as a sorted tuple of
+(key, value) pairs, () for none; a key a result's config lacks is missing, not a value) and the metrics as
+`metric.<id>` columns (NaN where a result has no such metric, as for a NaN metric: both are holes in a table).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from state_reduction.pipeline import collect
+
+METRIC = "metric."
+# the config keys every table pivot groups by
+CELL = ["model", "method", "ratio"]
+
+
+def _vary(config: dict) -> tuple:
+    return tuple(sorted((config.get("vary") or {}).items()))
+
+
+def results_frame(experiment: str, profile: str, results_root=None) -> pd.DataFrame:
+    """One row per result file of `experiment` on `profile`, in file-name order."""
+    records = collect(experiment, profile, results_root)
+    configs = pd.DataFrame.from_records([{**r["config"], "vary": _vary(r["config"])} for r in records])
+    # the keys a table groups by are columns even when no result has them (an experiment without results)
+    configs = configs.reindex(columns=[*configs.columns, *(k for k in CELL + ["rft", "vary"] if k not in configs)])
+    metrics = pd.DataFrame.from_records([r["metrics"] for r in records]).add_prefix(METRIC)
+    kinds = pd.DataFrame({"kind": [r["kind"] for r in records]})
+    return pd.concat([kinds, configs.astype(object), metrics], axis=1)
+
+
+def where_config(frame: pd.DataFrame, settings: dict, strict: bool = False) -> pd.DataFrame:
+    """The rows whose config agrees with `settings`; a row whose config lacks a key agrees unless `strict` (then
+    only where the setting is None, as `config.get(key) == value`)."""
+    keep = pd.Series(True, index=frame.index)
+    for key, value in settings.items():
+        absent = not strict or value is None
+        if key not in frame:
+            keep &= absent
+            continue
+        keep &= frame[key].map(lambda v: v == value if _present(v) else absent).astype(bool)
+    return frame[keep]
+
+
+def _present(v) -> bool:
+    return not (isinstance(v, float) and math.isnan(v))
+
+
+def metric_dicts(frame: pd.DataFrame) -> list[dict]:
+    """Each row's metrics as {id: value} (ids without the `metric.` prefix)."""
+    columns = [c for c in frame.columns if c.startswith(METRIC)]
+    values = frame[columns].rename(columns=lambda c: c[len(METRIC):])
+    return values.to_dict("records")
+
+
+def runs(frame: pd.DataFrame, keys: list[str]) -> dict:
+    """{tuple of `keys`' values: {vary: metrics}}: every replicate of each cell (a later file of the same cell and
+    replicate wins, as the files are read in name order)."""
+    out: dict = {}
+    if frame.empty:
+        return out
+    index = list(zip(*(frame[k].tolist() for k in keys)))
+    for key, vary, metrics in zip(index, frame["vary"].tolist(), metric_dicts(frame)):
+        out.setdefault(key, {})[vary] = metrics
+    return out
+
+
+def in_cells(frame: pd.DataFrame, wanted: set) -> pd.Series:
+    """True per row whose (model, method, ratio, vary) is one of `wanted`."""
+    keys = zip(*(frame[k].tolist() for k in CELL + ["vary"]))
+    return pd.Series([k in wanted for k in keys], index=frame.index, dtype=bool)
