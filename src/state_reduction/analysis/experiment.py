@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from state_reduction.analysis.analyze import AnalyzeConfig, analyze
 from state_reduction.pipeline import (
     Cell,
     PipelineError,
@@ -85,8 +86,6 @@ def analysis_jobs(runner: Runner, spec: dict, table: str, profile: str) -> list[
 @register_stage("analyze")
 def run_analysis(runner: Runner, name: str, config: dict) -> dict:
     """State-rank analysis of a dense, pruned or post-RFT model (analysis.analyze)."""
-    from state_reduction.analysis.analyze import AnalyzeConfig, analyze
-
     model = runner.dense(config["model"])["path"]
     selection = compare = selection_model = None
     if config["method"] is not None:
