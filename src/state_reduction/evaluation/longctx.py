@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from state_reduction.atomic import write_json_atomic
+from state_reduction.checkpoints import load_config, load_tokenizer
 from state_reduction.data import get_corpus_info, load_corpus, resolve_data_dir
 from state_reduction.errors import Error, InputError
 from state_reduction.evaluation.tiny_suite import (
@@ -164,8 +165,6 @@ def check_context_length(length: int, config, tokenizer=None, model_dir=None, na
 
 def check_model_path(path: str, length: int, max_length: int | None = None) -> None:
     """check_context_length for a local checkpoint folder, reading only its config files (no weights)."""
-    from state_reduction.checkpoints import load_config, load_tokenizer
-
     config = load_config(path)
     tokenizer = load_tokenizer(path)
     check_context_length(length, config, tokenizer, model_dir=path, name=path, max_length=max_length)

@@ -12,8 +12,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from state_reduction.checkpoints import load_config, load_model, load_tokenizer
+from state_reduction.devices import compute_dtype
 from state_reduction.errors import Error
-from state_reduction.evaluation.longctx import LENGTHS as LONGCTX_LENGTHS
+from state_reduction.evaluation.longctx import LENGTHS as LONGCTX_LENGTHS, check_length_option
 from state_reduction.evaluation.longctx import TASKS as LONGCTX_TASKS
 from state_reduction.evaluation.longctx import build_longctx_suite, check_context_length
 from state_reduction.evaluation.mqar import CELLS as MQAR_CELLS
@@ -149,9 +151,6 @@ def load_causal_lm(path: str, device: str = "cpu", max_length: int | None = None
     `max_length` is checked against the model's limits before the weights load."""
     from transformers import AutoModelForCausalLM
 
-    from state_reduction.checkpoints import load_config, load_model, load_tokenizer
-    from state_reduction.evaluation.longctx import check_length_option
-
     config = load_config(path)
     if type(config) not in AutoModelForCausalLM._model_mapping:
         raise EvaluationError(f"model {path} (model_type {config.model_type!r}) is not a causal language model")
@@ -159,7 +158,6 @@ def load_causal_lm(path: str, device: str = "cpu", max_length: int | None = None
     if max_length is not None:
         check_length_option(max_length, "--max-length", config, tokenizer,
                             model_dir=path if Path(path).is_dir() else None, name=path)
-    from state_reduction.devices import compute_dtype
 
     model = load_model(path, dtype=compute_dtype(device)).to(device)  # fp32 on a CPU
     model.eval()
