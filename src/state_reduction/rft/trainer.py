@@ -33,14 +33,18 @@ from state_reduction.atomic import (
     write_json_atomic,
     write_text_atomic,
 )
+from state_reduction.atomic import is_complete
 from state_reduction.backend import install_cpu_backend
-from state_reduction.checkpoints import load_config, load_tokenizer, save_model_atomic
+from state_reduction.checkpoints import load_config, load_model, load_tokenizer, save_model_atomic
+from state_reduction.data import get_corpus_info
+from state_reduction.data.sampler import stream_tokens, tokenizer_fingerprint
 from state_reduction.devices import checkpoint_dtype, compute_dtype
 from state_reduction.models.families import get_adapter
-from state_reduction.results import build_result, model_entry, write_result
+from state_reduction.models.shed import SHED_SUFFIX
+from state_reduction.results import build_result, model_entry, read_result, write_result
 from state_reduction.rft.config import RFTConfig, RFTError, config_diff
 from state_reduction.rft.targets import extra_trainable, resolve_lora_targets
-from state_reduction.training.pretrain import batch_indices
+from state_reduction.training.pretrain import batch_indices, window_nll
 from state_reduction.training.schedule import warmup_cosine
 
 STATE_FILE = "checkpoints/state.pt"
@@ -139,15 +143,11 @@ def load_causal_lm(path: str, what: str, dtype: torch.dtype | str = torch.float3
     """checkpoints.load_model (files, config and finite weights checked; a failure names the file) in `dtype`:
     float32 by default, so that a bf16 checkpoint's trainable parameters (LoRA, norms, biases, convs) keep fp32
     master weights (in bf16, updates of lr 1e-4 round away: issue 22)."""
-    from state_reduction.checkpoints import load_model
-
     return load_model(path, what, dtype=dtype)
 
 
 def check_pair(student, teacher, student_path: str, teacher_path: str) -> None:
     """Teacher and student must be one family with one vocabulary (same logits space)."""
-    from state_reduction.models.shed import SHED_SUFFIX
-
     s, t = student.config, teacher.config
     # a linearized variant (base_model_type) or a student with structures removed (models/shed.py) pairs with its
     # family's dense teacher
@@ -160,7 +160,6 @@ def check_pair(student, teacher, student_path: str, teacher_path: str) -> None:
     if s.vocab_size != t.vocab_size:
         raise RFTError(f"teacher {teacher_path} has vocab_size {t.vocab_size}, student {student_path} has "
                        f"{s.vocab_size}; distillation needs one vocabulary")
-    from state_reduction.data.sampler import tokenizer_fingerprint
 
     fps = []
     for path in (student_path, teacher_path):
@@ -244,9 +243,6 @@ def shard_fsdp(model: nn.Module, ctx: DistContext) -> nn.Module:
 
 def finetune_windows(tokenizer, cfg: RFTConfig) -> tuple[torch.Tensor, dict]:
     """Non-overlapping windows [N, seq_len] of the `finetune` streams of cfg.corpora, and their sha256s."""
-    from state_reduction.data import get_corpus_info
-    from state_reduction.data.sampler import stream_tokens
-
     parts, data = [], {}
     need = cfg.steps * cfg.batch_size * cfg.seq_len
     for corpus in cfg.corpora:
@@ -265,9 +261,6 @@ def finetune_windows(tokenizer, cfg: RFTConfig) -> tuple[torch.Tensor, dict]:
 
 
 def heldout_ppl(model, tokenizer, corpora: list[str], seq_len: int) -> dict[str, float]:
-    from state_reduction.data.sampler import stream_tokens
-    from state_reduction.training.pretrain import window_nll
-
     out = {}
     for corpus in corpora:
         tokens = torch.from_numpy(np.asarray(stream_tokens(tokenizer, corpus, "evaluation", split="test"))).long()
@@ -386,9 +379,6 @@ class _Logger:
 def _prepare_out(cfg: RFTConfig, out: Path, ctx: DistContext) -> dict | None:
     """Refuse to clobber a run. overwrite: start over. resume: return the finished result of the same
     config if there is one (else the checkpoint, if any, is continued)."""
-    from state_reduction.atomic import is_complete
-    from state_reduction.results import read_result
-
     state_path = out / STATE_FILE
     result_path = out / RESULT_FILE
     if cfg.overwrite:  # start over; the finished model and result stay until the new ones replace them
