@@ -18,10 +18,13 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
+from state_reduction.backend import install_cpu_backend, recurrent_gated_delta_rule_torch
 from state_reduction.errors import Error
-from state_reduction.pruning.selectors import keep_count
-from state_reduction.results import build_result
+from state_reduction.models.families import get_adapter
 from state_reduction.peak_memory import measure_peak_bytes
+from state_reduction.pruning.adapters.gated_deltanet import expand_v_for
+from state_reduction.pruning.selectors import keep_count
+from state_reduction.results import build_result, model_entry
 from state_reduction.speed.models import (
     backend_label,
     check_device,
@@ -69,8 +72,6 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise BenchError(f"device must be cpu or cuda, got {device}")
     if device.type == "cpu":
-        from state_reduction.backend import install_cpu_backend
-
         install_cpu_backend()
     return device
 
@@ -141,7 +142,6 @@ def _recurrence_fn(device: torch.device):
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
         return fused_recurrent_gated_delta_rule
-    from state_reduction.backend import recurrent_gated_delta_rule_torch
 
     return recurrent_gated_delta_rule_torch
 
@@ -297,8 +297,6 @@ def build_mixer(d_k: int, *, hidden_size: int, num_heads: int, d_v: int, device,
     """A Gated DeltaNet layer with `d_k` key channels per head and value heads of `d_v` (random weights)."""
     from fla.layers import GatedDeltaNet
 
-    from state_reduction.pruning.adapters.gated_deltanet import expand_v_for
-
     torch.manual_seed(seed)
     layer = GatedDeltaNet(hidden_size=hidden_size, head_dim=d_k, num_heads=num_heads,
                           expand_v=expand_v_for(d_v, d_k, num_heads), mode="chunk", layer_idx=0)
@@ -378,8 +376,6 @@ def _prepare_models(what, model, models, ratios, keeps, device, dtype, layers, s
     if models is None:
         models, vs, desc = _load_models(model, ratios, keeps, device=device, dtype=dtype, layers=layers, seed=seed)
     else:
-        from state_reduction.models.families import get_adapter
-
         vs = [(label, get_adapter(m).key_heads(m.config)[1]) for label, m in models.items()]
         desc = {"name": model, "d_k": vs[0][1]}
     for label, m in models.items():
@@ -435,8 +431,6 @@ def bench_decode(model: str, *, device="cpu", batches=(1, 2, 4, 8, 16, 32, 64), 
 
 
 def _model_entry(desc: dict) -> dict | None:
-    from state_reduction.results import model_entry
-
     if desc.get("path"):
         return model_entry(desc["path"])
     return {"path": None, "weights_sha256": None, "preset": desc.get("name"), "random_weights": True}

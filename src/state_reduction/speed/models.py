@@ -30,8 +30,6 @@ def load_bench_model(model: str, *, layers: int | None = None, dtype: torch.dtyp
     `device`) and a description for the result file."""
     from transformers import AutoModelForCausalLM
 
-    import state_reduction  # noqa: F401  (Auto-class registration)
-
     if model in PRESETS:
         family, kwargs = PRESETS[model]
         kwargs = {**kwargs, **_CPU_SAFE}
