@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from state_reduction.ssm.experiment import render_home, run_home_sweep
+from state_reduction.ssm.train import TrainConfig, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +33,6 @@ def main(argv: list[str] | None = None) -> int:
 
         import yaml
 
-        from state_reduction.ssm.train import TrainConfig, train
         seeds = args.seed or yaml.safe_load(Path(args.config).read_text())["training_seeds"]
         for seed in seeds:
             out = Path(args.checkpoints) / f"seed{seed}"
@@ -47,10 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{out}: test accuracy {record['test_accuracy']:.4f} (majority class "
                   f"{record['test_majority_class_accuracy']:.4f}), {record['wall_time_s']} s", flush=True)
     elif args.command == "sweep":
-        from state_reduction.ssm.experiment import run_home_sweep
         run_home_sweep(args.config, args.checkpoints, args.profile, seeds=args.seed)
     else:
-        from state_reduction.ssm.experiment import render_home
         render_home(args.config, args.profile)
     return 0
 

@@ -24,6 +24,7 @@ from state_reduction.results import build_result, read_result, results_dir, run_
 from state_reduction.ssm.listops import ListOpsSpec, generate_split, split_sha256
 from state_reduction.ssm.scores import METHODS, select_modes
 from state_reduction.ssm.train import accuracy, load_s5
+from state_reduction.stats import mean_ci
 
 EXPERIMENT = "aire_home"
 RATIOS = tuple(round(0.05 * i, 2) for i in range(20))      # 0, 5, ..., 95%
@@ -170,8 +171,6 @@ def render_home(config_path: str | Path, profile: str = "tiny") -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from state_reduction.stats import mean_ci
 
     _check_profile(profile)
     cfg = _config(config_path)
