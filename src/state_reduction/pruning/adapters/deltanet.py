@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from state_reduction.errors import InputError
+from state_reduction.models.shared_conv import SharedShortConvolution
 from state_reduction.pruning.adapters.base import (
     check_selection,
     cut_rows,
@@ -167,8 +168,6 @@ class SharedConvDeltaNetAdapter(DeltaNetAdapter):
     family = "DeltaNet (shared conv)"
 
     def cut_conv(self, conv: nn.Module, selection: KeyChannelSelection, heads: int) -> None:
-        from state_reduction.models.shared_conv import SharedShortConvolution
-
         if isinstance(conv, SharedShortConvolution):
             conv.set_channels(heads * selection.kept)
         else:
