@@ -103,8 +103,6 @@ LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, Runtime
 def load_config(path: str, what: str = "model"):
     from transformers import AutoConfig
 
-    import state_reduction  # noqa: F401  (Auto-class registration)
-
     if is_local_path(path):
         check_checkpoint_files(path, what, weights=False)
     try:
@@ -117,8 +115,6 @@ def load_config(path: str, what: str = "model"):
 def load_model(path: str, what: str = "model", **kwargs):
     """AutoModelForCausalLM.from_pretrained with the checks above and a finite-weights check."""
     from transformers import AutoModelForCausalLM
-
-    import state_reduction  # noqa: F401  (Auto-class registration)
 
     load_config(path, what)
     if is_local_path(path):

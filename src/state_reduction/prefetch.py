@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from state_reduction.atomic import write_bytes_atomic
+from state_reduction.data import get_corpus_info, load_corpus
+from state_reduction.data.fetch import canonical_path, resolve_data_dir, sha256_file
 from state_reduction.errors import MissingInputError
+from state_reduction.evaluation import longctx, tiny_suite
+from state_reduction.evaluation.run import SUITES
+from state_reduction.pipeline import (find_experiment, load_experiment, profile_spec, resolve_model_path, table_cells,
+    table_evaluate)
+from state_reduction.rft import RFTConfig
 
 # lm-eval task -> hub dataset it reads (paper suites; evaluation.run.PAPER_METRICS / PAPER_LONGCTX)
 LM_EVAL_DATASETS = {
@@ -54,18 +61,6 @@ def cache_env(cache: str | Path) -> dict[str, str]:
 
 def needs(profile: str, tables: list[str], experiment: str | None = None) -> list[Artefact]:
     """Every artefact the tables need on `profile`, in a stable order, without duplicates."""
-    from state_reduction.data import get_corpus_info
-    from state_reduction.evaluation.run import SUITES
-    from state_reduction.pipeline import (
-        find_experiment,
-        load_experiment,
-        profile_spec,
-        resolve_model_path,
-        table_cells,
-        table_evaluate,
-    )
-    from state_reduction.rft import RFTConfig
-
     out: list[Artefact] = []
 
     def add(kind, name):
@@ -101,8 +96,6 @@ def needs(profile: str, tables: list[str], experiment: str | None = None) -> lis
             if suite.startswith("paper"):
                 add("lm_eval_task", task if task in LM_EVAL_DATASETS else "ruler")
             else:
-                from state_reduction.evaluation import longctx, tiny_suite
-
                 tasks = longctx.TASKS if suite == "tiny_longctx" else tiny_suite.TASKS
                 for corpus in (getattr(tasks.get(task), "corpora", None) or longctx.CORPORA):
                     add("corpus", corpus)
@@ -120,9 +113,6 @@ def _hub_cached(repo_id: str, repo_type: str, cache: Path) -> bool:
 
 
 def present(a: Artefact, cache: Path) -> bool:
-    from state_reduction.data import get_corpus_info
-    from state_reduction.data.fetch import canonical_path, sha256_file
-
     cache = Path(cache)
     if a.kind == "model":
         return _hub_cached(a.name, "model", cache)
@@ -152,9 +142,6 @@ def check_offline(profile: str, tables: list[str], cache: str | Path, experiment
 
 def fetch(a: Artefact, cache: Path) -> None:
     """Download one artefact into `cache` (needs the network)."""
-    from state_reduction.data import get_corpus_info
-    from state_reduction.data.fetch import resolve_data_dir
-
     env = cache_env(cache)
     os.environ.update(env)
     if a.kind == "model":
@@ -170,8 +157,6 @@ def fetch(a: Artefact, cache: Path) -> None:
             snapshot_download(info.package, repo_type="dataset", cache_dir=Path(env["HF_HOME"]) / "hub",
                               allow_patterns=[f"{info.version}/*", "*.json", "*.md"] if info.version else None)
         else:
-            from state_reduction.data import load_corpus
-
             load_corpus(a.name, "train", data_dir=resolve_data_dir(env["STATE_REDUCTION_DATA"]))
     elif a.kind == "lm_eval_task":
         from huggingface_hub import snapshot_download

@@ -19,8 +19,10 @@ import struct
 import sys
 from pathlib import Path
 
+from state_reduction.atomic import write_json_atomic
 from state_reduction.errors import Error
 from state_reduction.provenance import REPO_ROOT
+from state_reduction.results import ResultsError, read_result
 
 PROJECT = "state-reduction"
 MODES = ("offline", "online", "disabled")
@@ -136,9 +138,6 @@ def _index(profile: str, results_root) -> tuple[Path, dict]:
 
 def mirror_result(path: str | Path, record: dict | None = None, results_root=None, mode: str | None = None) -> str | None:
     """Log one result file as a wandb run; return the run's folder (None when disabled or wandb failed)."""
-    from state_reduction.atomic import write_json_atomic
-    from state_reduction.results import read_result
-
     path = Path(path)
     record = record or read_result(path)
     mode = wandb_mode(mode)
@@ -175,8 +174,6 @@ def mirror_result(path: str | Path, record: dict | None = None, results_root=Non
 
 def mirror_missing(profile: str, results_root=None, experiment: str | None = None, mode: str | None = None) -> list[str]:
     """Mirror every result file of the profile (or one experiment) that has no wandb run yet."""
-    from state_reduction.results import ResultsError, read_result
-
     root = Path(results_root or REPO_ROOT / "results") / profile
     _, index = _index(profile, results_root)
     done = []
