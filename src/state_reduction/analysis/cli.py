@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import json
+
+import torch
+
 from state_reduction.analysis.analyze import AnalyzeConfig, analyze
 from state_reduction.analysis.experiment import plan_analyses, run_analyses
 from state_reduction.analysis.rank import DIVISORS
@@ -11,8 +15,6 @@ from state_reduction.results import check_result_path, write_result
 
 
 def _cmd_analyze(args) -> int:
-    import torch
-
     check_result_path(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -39,10 +41,6 @@ def _cmd_analyze(args) -> int:
 
 
 def _cmd_run_analysis(args) -> int:
-    import json
-
-    import torch
-
     if args.dry_run:
         plan = plan_analyses(args.table, args.profile, args.experiment, results_root=args.results_root)
         print(f"{args.table} ({args.profile} profile), experiment {plan['experiment']}: results in {plan['results_dir']}")
