@@ -27,6 +27,7 @@ import hashlib
 import json
 import random
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,8 +135,6 @@ def training_length(model_dir) -> tuple[int, str] | None:
 def check_length_option(length: int, option: str, config, tokenizer=None, model_dir=None, name=None) -> None:
     """Before compute: `option` (a context length in tokens) within the model's and tokenizer's limits
     (context_limits) or a ContextLengthError naming both; beyond the training length only a warning."""
-    import warnings
-
     name = name or model_dir or getattr(config, "model_type", "model")
     for limit, source in context_limits(config, tokenizer, model_dir):
         if length > limit:
