@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from state_reduction.atomic import is_complete
 from state_reduction.backend import install_cpu_backend
@@ -281,7 +282,6 @@ def _with_costs(runner: Runner, cell: Cell, config: dict, folder: Path, result: 
     settings) their batch-1 decode time, side by side."""
     if not config.get("costs"):
         return result
-    from transformers import AutoModelForCausalLM
 
     dense = AutoModelForCausalLM.from_pretrained(runner.dense(cell.model)["path"]).eval()
     reduced = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
