@@ -10,9 +10,11 @@ on the tiny models (`measure`, `state-reduction memory-plan CHECKPOINT --measure
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from state_reduction.atomic import write_json_atomic
 from state_reduction.backend import install_cpu_backend
@@ -43,10 +45,6 @@ PRESETS = speed_presets()
 def build_config(name_or_path: str):
     """The config of a named architecture (ARCHITECTURES), a speed preset (`dn-1.3b`, `gdn-1.3b`), a checkpoint
     folder or config.json, or a hub id (read from the hub, or from the local cache when HF_HUB_OFFLINE=1)."""
-    from pathlib import Path
-
-    from transformers import AutoConfig
-
     if name_or_path in ARCHITECTURES:
         arch = ARCHITECTURES[name_or_path]
         return family_config(arch.family, **arch.config)
@@ -70,8 +68,6 @@ def build_config(name_or_path: str):
 
 
 def _meta_model(config):
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
 

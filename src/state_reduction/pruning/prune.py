@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from state_reduction.atomic import check_output, write_json_atomic
 from state_reduction.backend import install_cpu_backend
@@ -142,8 +143,6 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
 
     def write_selection(folder: Path) -> None:
         if rotations:
-            from safetensors.torch import save_file
-
             save_file(rotations, os.fspath(folder / "selection_rotations.safetensors"))
         record.update(wall_time_s=round(time.time() - t0, 2), peak_memory_bytes=peak_memory_bytes(device),
                       peak_rss_bytes=host_peak_rss_bytes())

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from state_reduction.atomic import check_output, write_json_atomic
 from state_reduction.backend import install_cpu_backend
@@ -409,10 +411,6 @@ def search_dir(out: str | Path) -> Path:
 
 def shed(cfg: ShedConfig) -> dict:
     """Search, remove, save `cfg.out` (reloadable) with shed.json; returns the record."""
-    import shutil
-
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     cfg.validate()
     t0 = time.time()
     install_cpu_backend()
@@ -509,10 +507,6 @@ def prune_cell(model: str, method: str, ratio: float, out: str | Path, *, calib:
     q of key channels that brings the recurrent state to (1 - ratio) of the dense model's (q = 1 - (1 - ratio)
     * S_dense / S_shed, floored to whole channels by keep_count, 0 when the shed model is already within budget).
     Returns {record, shed, prune}: the shed record and, for the combination, the key-channel record."""
-    import shutil
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     target, then = parse_structure_method(method)
     install_cpu_backend()
     with torch.device("meta"):  # the module structure only: counting candidates loads no weights

@@ -133,6 +133,7 @@ class DeltaNetAdapter(FlaKeyChannelAdapter):
         return config.num_heads, key_dim // config.num_heads
 
     def post_conv_activation(self, mixer: nn.Module):
+        # lazy: this module loads while the package registers its families, before fla's CPU warning is filtered
         from fla.modules.activations import elu_p1
 
         if mixer.use_short_conv and mixer.qk_activation == "silu":
