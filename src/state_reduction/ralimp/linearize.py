@@ -13,11 +13,13 @@ models measured in this one process (greedy, cache on, one thread, interleaved r
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from state_reduction.backend import install_cpu_backend
 from state_reduction.checkpoints import save_model_atomic
@@ -41,8 +43,6 @@ class _FoldedMLP(torch.nn.Module):
 
 def deployed(model):
     """A copy of `model` whose linearized MLPs are folded (the inference form)."""
-    import copy
-
     out = copy.deepcopy(model)
     for layer in decoder_layers(out):
         if isinstance(layer.mlp, LinearizedMLP):
@@ -70,8 +70,6 @@ def measure_decode(models: dict, prompt: torch.Tensor, new_tokens: int = 64, rep
 
 def linearize(model_dir: str, k: int, out: str, *, method: str = "ralimp", budget: int = 32, rank: int = 128,
               calib: str = "ptb", n_calib: int = 8, seq_len: int = 256, seed: int = 0, decode_tokens: int = 64) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     torch.manual_seed(seed)
     dense = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     tok = AutoTokenizer.from_pretrained(model_dir)
