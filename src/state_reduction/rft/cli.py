@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from state_reduction.options import add_config_options, length_int, nonnegative_int, positive_float, positive_int
 from state_reduction.provenance import REPO_ROOT
@@ -60,7 +61,6 @@ def _cmd_rft(args) -> int:
 def _cmd_bench_rft(args) -> int:
     config = {"families": args.families, "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
               "method": "l1", "ratio": 0.5, "threads": 1, "device": "cpu"}
-    import time
 
     t0 = time.time()
     rows = bench_rft(args.families, REPO_ROOT / "experiments" / "tiny_models" / "checkpoints", steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len)

@@ -23,8 +23,14 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+from transformers import AutoTokenizer
+from tqdm.auto import tqdm
 
 from state_reduction.atomic import (
     check_output,
@@ -77,8 +83,6 @@ class DistContext:
     (or a test) set WORLD_SIZE > 1 and none exists yet (gloo on CPU, nccl on CUDA)."""
 
     def __init__(self, cfg: RFTConfig):
-        import torch.distributed as dist
-
         self.dist = dist
         world = int(os.environ.get("WORLD_SIZE", "1"))
         self.created = False
@@ -164,8 +168,6 @@ def check_pair(student, teacher, student_path: str, teacher_path: str) -> None:
     fps = []
     for path in (student_path, teacher_path):
         try:
-            from transformers import AutoTokenizer
-
             fps.append(tokenizer_fingerprint(AutoTokenizer.from_pretrained(path)))
         except (OSError, ValueError):
             fps.append(None)
@@ -178,6 +180,7 @@ def build_student(model: nn.Module, cfg: RFTConfig):
     """Wrap `model` with peft LoRA on the family's targets and mark conv/norm/bias params trainable.
 
     Returns the PeftModel; only LoRA and `train_extra` parameters require grad."""
+    # lazy: start-up time (peft only when RFT builds its student)
     from peft import LoraConfig, get_peft_model
 
     targets = resolve_lora_targets(model, cfg.lora_targets)
@@ -229,9 +232,6 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 def shard_fsdp(model: nn.Module, ctx: DistContext) -> nn.Module:
     """FSDP2: shard each decoder layer, then the root (embeddings, head)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     mesh = init_device_mesh(ctx.device.type, (ctx.world,))
     for layer in _decoder_layers(model):
         fully_shard(layer, mesh=mesh)
@@ -304,6 +304,7 @@ def load_state(path: Path) -> dict:
 
 def _optimizer_state(model, optimizer, ctx: DistContext):
     if ctx.mode == "fsdp":
+        # lazy: start-up time (torch.distributed.checkpoint only for FSDP runs)
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_optimizer_state_dict,
@@ -315,6 +316,7 @@ def _optimizer_state(model, optimizer, ctx: DistContext):
 
 def _load_optimizer_state(model, optimizer, state, ctx: DistContext) -> None:
     if ctx.mode == "fsdp":
+        # lazy: start-up time (torch.distributed.checkpoint only for FSDP runs)
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_optimizer_state_dict,
@@ -331,8 +333,6 @@ class _Logger:
     """tqdm (rare updates off a TTY), log.jsonl and wandb, on the main process only."""
 
     def __init__(self, cfg: RFTConfig, out: Path, ctx: DistContext, start: int):
-        from tqdm.auto import tqdm
-
         self.cfg, self.ctx, self.out = cfg, ctx, out
         self.bar, self.wandb_run = None, None
         if not ctx.main:
@@ -343,6 +343,7 @@ class _Logger:
                         mininterval=0.5 if tty else 30.0, dynamic_ncols=tty, file=sys.stderr)
         mode = cfg.wandb or os.environ.get("WANDB_MODE") or "offline"
         if mode != "disabled":
+            # lazy: start-up time (wandb only for a logged run)
             import wandb
 
             self.wandb_run = wandb.init(project=cfg.wandb_project, mode=mode, config=cfg.to_dict(),
@@ -553,8 +554,6 @@ def _place(cfg: RFTConfig, ctx: DistContext, run: _Run) -> None:
     run.named = sorted((n, p) for n, p in run.model.named_parameters() if p.requires_grad)
     run.wrapped = run.model
     if ctx.mode == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         run.wrapped = DDP(run.model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
     elif ctx.mode == "fsdp":
         shard_fsdp(run.model, ctx)
