@@ -10,12 +10,17 @@ table are in `extra["rows"]`. Backends: fla's Triton kernels on CUDA, the projec
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import platform
 import time
 from dataclasses import asdict
 
+import fla.layers.gated_deltanet as layer_module
 import torch
+from fla.layers import GatedDeltaNet
+from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 from torch import nn
 
 from state_reduction.backend import install_cpu_backend, recurrent_gated_delta_rule_torch
@@ -119,9 +124,6 @@ def use_heap_allocations() -> str:
     trimming). By default every freed block above 32 MiB (a [64, 16, 128, 128] fp32 state is 64 MiB) is unmapped
     and the next one page-faults back in, so the torch reference's decode step then measures the kernel's page
     faults as much as state traffic. Process-wide and irreversible: for a dedicated benchmark process."""
-    import ctypes
-    import ctypes.util
-
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     m_trim_threshold, m_mmap_threshold = -1, -3
     if not (libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, (1 << 31) - 1)):
@@ -139,8 +141,6 @@ def amdahl(share: float, speedup: float) -> float:
 
 def _recurrence_fn(device: torch.device):
     if device.type == "cuda":
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-
         return fused_recurrent_gated_delta_rule
 
     return recurrent_gated_delta_rule_torch
@@ -162,8 +162,6 @@ def _recurrence_inputs(B: int, H: int, K: int, V: int, device, dtype, seed: int)
 @contextlib.contextmanager
 def _time_recurrence_calls(device: torch.device):
     """Accumulate the wall time spent in the gated-delta-rule recurrence that fla's layer calls in decode."""
-    import fla.layers.gated_deltanet as layer_module
-
     original = layer_module.fused_recurrent_gated_delta_rule
     box = {"seconds": 0.0, "calls": 0}
 
@@ -295,8 +293,6 @@ def _level_rows(level: str, vs, samples: dict, K: int, share: float, **more) -> 
 
 def build_mixer(d_k: int, *, hidden_size: int, num_heads: int, d_v: int, device, dtype, seed: int = 0) -> nn.Module:
     """A Gated DeltaNet layer with `d_k` key channels per head and value heads of `d_v` (random weights)."""
-    from fla.layers import GatedDeltaNet
-
     torch.manual_seed(seed)
     layer = GatedDeltaNet(hidden_size=hidden_size, head_dim=d_k, num_heads=num_heads,
                           expand_v=expand_v_for(d_v, d_k, num_heads), mode="chunk", layer_idx=0)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+
+import torch
+from transformers import AutoConfig
 
 from state_reduction.atomic import write_json_atomic
 from state_reduction.errors import InputError, MissingInputError
@@ -91,8 +95,6 @@ def format_rows(record: dict) -> str:
 
 
 def _cmd_bench(args) -> int:
-    import torch
-
     torch.set_num_threads(args.threads)
     if args.mode == "calibration":
         return _cmd_calibration(args)
@@ -130,10 +132,6 @@ def _cmd_bench(args) -> int:
 
 
 def _state_memory_record(args) -> dict:
-    import time
-
-    from transformers import AutoConfig
-
     t0 = time.perf_counter()
     register_auto_classes()
     budget = parse_bytes(args.budget) if args.budget else None
