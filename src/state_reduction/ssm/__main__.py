@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+
+import torch
+import yaml
 from state_reduction.ssm.experiment import render_home, run_home_sweep
 from state_reduction.ssm.train import TrainConfig, train
 
@@ -26,20 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--profile", default="tiny")
     args = ap.parse_args(argv)
 
-    import torch
     torch.set_num_threads(1)
     if args.command == "train":
-        from pathlib import Path
-
-        import yaml
-
         seeds = args.seed or yaml.safe_load(Path(args.config).read_text())["training_seeds"]
         for seed in seeds:
             out = Path(args.checkpoints) / f"seed{seed}"
             cfg = TrainConfig.from_yaml(args.config, seed=seed)
             record_path = out / "training_record.json"
             if record_path.is_file():
-                import json
                 if json.loads(record_path.read_text())["config_hash"] == cfg.hash():
                     print(f"{out}: trained (config {cfg.hash()})")
                     continue

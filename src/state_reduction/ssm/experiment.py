@@ -168,6 +168,7 @@ def _write_summaries(cfg: dict, out_dir: Path, profile: str) -> None:
 def render_home(config_path: str | Path, profile: str = "tiny") -> list[Path]:
     """Figure 6 (accuracy vs fraction removed, mean and 95% CI over training seeds), Figure 7 (each layer's
     removed fraction vs the global ratio, AIRE and LAST) and a Markdown summary table, from the results only."""
+    # lazy: start-up time (matplotlib only when the figures are drawn)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
