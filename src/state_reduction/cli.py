@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from state_reduction import tracking, wandb_workspace
@@ -296,8 +297,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Expected failures (errors.Error: bad input, damaged file, unwritable output) print one line and return 2;
     anything else is a bug and propagates with its traceback (exit 1)."""
-    import warnings
-
     args = build_parser().parse_args(argv)
     where = f"state-reduction {args.command}"
     show = warnings.showwarning

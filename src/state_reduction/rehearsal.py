@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from state_reduction.atomic import write_json_atomic, write_text_atomic
 from state_reduction.backend import install_cpu_backend
@@ -59,8 +60,6 @@ def known_models() -> list[str]:
 def model_config(name: str, layers: int | None):
     """The committed config of `name` with `layers` decoder blocks (Qwen3.5: the first `layers` of its
     layer_types), every other field unchanged."""
-    from transformers import AutoConfig
-
     path = CONFIG_DIR / f"{name}.json"
     if not path.is_file():
         raise RehearsalError(f"rehearse: unknown model {name!r}; models: {', '.join(known_models())}")
@@ -76,8 +75,6 @@ def model_config(name: str, layers: int | None):
 
 def build_checkpoint(name: str, layers: int | None, out: Path, seed: int = 0) -> Path:
     """Random-init model of `name` saved in bf16 with the tiny tokenizer; returns the folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     config = model_config(name, layers)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -172,8 +169,6 @@ def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int
 
 
 def _reload(folder: Path, key_dim: int) -> None:
-    from transformers import AutoModelForCausalLM
-
     device = resolve_device(None)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute_dtype(device)).to(device).eval()
     found = get_adapter(model).key_heads(model.config)[1]
@@ -187,8 +182,6 @@ def _reload(folder: Path, key_dim: int) -> None:
 
 
 def _evaluate(folder: Path, limit: int, suite: str) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     device = resolve_device(None)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute_dtype(device)).to(device).eval()
     out = evaluate(model, AutoTokenizer.from_pretrained(str(folder)), suite=suite, batch_size=2, max_length=256,
