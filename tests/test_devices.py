@@ -76,12 +76,11 @@ def test_prune_calibrates_on_the_gpu_by_default(tmp_path, gpu_present):
 
 
 def test_run_table_evaluations_and_evaluate_use_the_gpu_by_default(tmp_path, gpu_present, monkeypatch):
-    import state_reduction.evaluation as evaluation
     from state_reduction.cli import build_parser
     from state_reduction.pipeline import Cell, _Runner
 
     assert build_parser().parse_args(["evaluate", "m", "--out", "x"]).device == "auto"
-    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: {
+    monkeypatch.setattr("state_reduction.pipeline.stages.evaluate", lambda *a, **k: {
         "metrics": {"wiki_word_perplexity": 1.0}, "data": {}, "suite": "tiny_ppl", "tasks": [], "n_examples": {},
         "lm_eval_version": "stub"})
     spec = {"experiment": "device_test", "methods": ["l1"], "profiles": {"tiny": {

@@ -125,7 +125,7 @@ def test_rft_key_holds_the_recipes_real_values(monkeypatch):
     class EditedDefault(rft.RFTConfig):
         kd_temperature: float = 3.0
 
-    monkeypatch.setattr(rft, "RFTConfig", EditedDefault)
+    monkeypatch.setattr("state_reduction.pipeline.stages.RFTConfig", EditedDefault)
     edited = rft_jobs()
     assert edited[0][1]["preset_values"]["kd_temperature"] == 3.0
     assert config_key(edited[0][1]) != config_key(jobs[0][1])

@@ -161,7 +161,7 @@ def test_analyses_are_mirrored_to_wandb_as_every_stage(tmp_path, monkeypatch):
     from state_reduction.analysis.experiment import run_analyses
 
     mirrored = []
-    monkeypatch.setattr(tracking, "mirror_result", lambda path, record, **kw: mirrored.append(Path(path).name))
+    monkeypatch.setattr("state_reduction.pipeline.stages.mirror_result", lambda path, record, **kw: mirrored.append(Path(path).name))
     spec = yaml.safe_load((ROOT / "experiments" / "rank_analysis" / "config.yaml").read_text())
     spec["methods"] = ["l1"]
     spec["profiles"]["tiny"]["prune"].update(n_calib=2, seq_len=64)

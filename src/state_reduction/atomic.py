@@ -20,6 +20,8 @@ the start of every publish and sweep. Files and folders are created with the uma
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
 import re
@@ -29,6 +31,8 @@ import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import torch
 
 from state_reduction.errors import OutputError, OutputExistsError
 
@@ -186,9 +190,6 @@ def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where the OS or filesystem cannot."""
     global _libc
     if _libc is None:
-        import ctypes
-        import ctypes.util
-
         try:
             _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
             _libc.renameat2  # noqa: B018  (glibc >= 2.28)
@@ -277,8 +278,6 @@ def write_json_atomic(path: str | os.PathLike, obj) -> Path:
 
 
 def save_torch_atomic(path: str | os.PathLike, obj) -> Path:
-    import torch
-
     with publishing(path, directory=False) as tmp:
         torch.save(obj, tmp)
     return Path(path)

@@ -9,6 +9,9 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
 from state_reduction.atomic import publish_folder
 from state_reduction.errors import InputError
 
@@ -87,8 +90,6 @@ def check_checkpoint_files(path: str | os.PathLike, what: str = "model", weights
 
 def check_finite(model, path: str | os.PathLike, what: str = "model") -> None:
     """Every floating parameter and buffer is finite; the first that is not is named."""
-    import torch
-
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
@@ -101,10 +102,6 @@ LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, Runtime
 
 
 def load_config(path: str, what: str = "model"):
-    from transformers import AutoConfig
-
-    import state_reduction  # noqa: F401  (Auto-class registration)
-
     if is_local_path(path):
         check_checkpoint_files(path, what, weights=False)
     try:
@@ -116,10 +113,6 @@ def load_config(path: str, what: str = "model"):
 
 def load_model(path: str, what: str = "model", **kwargs):
     """AutoModelForCausalLM.from_pretrained with the checks above and a finite-weights check."""
-    from transformers import AutoModelForCausalLM
-
-    import state_reduction  # noqa: F401  (Auto-class registration)
-
     load_config(path, what)
     if is_local_path(path):
         check_checkpoint_files(path, what)
@@ -134,8 +127,6 @@ def load_model(path: str, what: str = "model", **kwargs):
 
 
 def load_tokenizer(path: str, what: str = "model"):
-    from transformers import AutoTokenizer
-
     try:
         return AutoTokenizer.from_pretrained(path)
     except LOAD_ERRORS as e:
@@ -160,8 +151,6 @@ def load_run_state(path: str | os.PathLike, config_hash: str, keys: tuple[str, .
     """The resumable state a training loop saved at `path` (through `atomic.save_torch_atomic`), checked: it loads,
     holds `keys` and was written by the config whose hash is `config_hash`. Every failure is a `RunStateError`
     naming `what` (the run), the file and `hint` (how to start over)."""
-    import torch
-
     path = Path(path)
     try:
         state = torch.load(path, weights_only=False, map_location="cpu")

@@ -47,6 +47,7 @@ import yaml
 from state_reduction.atomic import write_json_atomic, write_text_atomic
 from state_reduction.errors import Error
 from state_reduction.provenance import REPO_ROOT
+from state_reduction.results import ResultsError, read_result, results_dir
 from state_reduction.stats import LEVEL, Interval, diff_ci, mean_ci
 
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
@@ -192,8 +193,6 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 def result_rows(profile: str, experiment: str, results_root=None) -> list[dict]:
     """One row per result file of the experiment: kind, flattened config, metrics, and the file name."""
-    from state_reduction.results import ResultsError, read_result, results_dir
-
     rows = []
     folder = results_dir(profile, experiment, results_root)
     for path in sorted(folder.glob("*.json")):

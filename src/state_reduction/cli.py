@@ -7,15 +7,27 @@ import importlib
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from state_reduction import tracking, wandb_workspace
-from state_reduction.errors import InputError
-from state_reduction.evaluation.run import EvaluateConfig
+from state_reduction.atomic import publish_folder
+from state_reduction.backend import install_cpu_backend
+from state_reduction.checkpoints import check_checkpoint_files
+from state_reduction.data import corpus_text, list_corpora, load_corpus
+from state_reduction.devices import resolve_device
+from state_reduction.errors import Error, InputError
+from state_reduction.evaluation import evaluate, load_causal_lm
+from state_reduction.evaluation.run import HUB_SUITES, EvaluateConfig, _suite_table
 from state_reduction.options import add_config_options, config_from_args, positive_int
+from state_reduction.pipeline import find_experiment, offline_cache, plan_table, run_table
+from state_reduction.prefetch import check_offline
 from state_reduction.provenance import REPO_ROOT, TINY_CHECKPOINTS, TINY_MODELS_DIR
-from state_reduction.pruning.prune import PruneConfig
-from state_reduction.pruning.shed import ShedConfig
+from state_reduction.pruning.prune import PruneConfig, prune, prune_result
+from state_reduction.pruning.shed import STRUCTURE_METHODS, ShedConfig, shed, shed_result
+from state_reduction.results import build_result, check_result_path, measure, model_entry, write_result
+from state_reduction.tokenizer import tokenizer_hash, train_bpe_tokenizer
+from state_reduction.training.pretrain import PretrainConfig, pretrain
 
 # Subcommands defined next to their code: each module has register(subparsers), which adds its parsers
 # with set_defaults(func=handler). Append a module here to add a subcommand.
@@ -25,8 +37,6 @@ SUBCOMMAND_MODULES: list[str] = ["state_reduction.speed.cli", "state_reduction.r
 
 
 def _cmd_data(args) -> int:
-    from state_reduction.data import list_corpora, load_corpus
-
     names = args.corpora or [c.name for c in list_corpora(profile="tiny")]
     for name in names:
         sizes = {}
@@ -38,10 +48,6 @@ def _cmd_data(args) -> int:
 
 
 def _cmd_train_tokenizer(args) -> int:
-    from state_reduction.atomic import publish_folder
-    from state_reduction.data import corpus_text
-    from state_reduction.tokenizer import tokenizer_hash, train_bpe_tokenizer
-
     texts = [corpus_text(name, "train", data_dir=args.data_dir) for name in args.corpora]
     tok = train_bpe_tokenizer(texts, vocab_size=args.vocab_size)
     publish_folder(args.out, tok.save_pretrained, overwrite=True, option="--out")
@@ -50,9 +56,6 @@ def _cmd_train_tokenizer(args) -> int:
 
 
 def _cmd_pretrain(args) -> int:
-    from state_reduction.backend import install_cpu_backend
-    from state_reduction.training.pretrain import PretrainConfig, pretrain
-
     install_cpu_backend()
     for config_path in args.configs:
         cfg = PretrainConfig.from_yaml(config_path, steps=args.steps, threads=args.threads)
@@ -66,9 +69,6 @@ def _cmd_pretrain(args) -> int:
 
 
 def _cmd_shed(args) -> int:
-    from state_reduction.pruning.shed import shed, shed_result
-    from state_reduction.results import write_result
-
     if args.target is None or args.steps is None:
         raise InputError(f"--method {args.method} removes structures: it needs --target (block, mixer, mlp, "
                          f"mlp-channels) and --steps N, got --target {args.target}, --steps {args.steps}")
@@ -86,11 +86,6 @@ def _cmd_shed(args) -> int:
 
 
 def _cmd_prune(args) -> int:
-    from state_reduction.checkpoints import check_checkpoint_files
-    from state_reduction.pruning.prune import prune, prune_result
-    from state_reduction.pruning.shed import STRUCTURE_METHODS
-    from state_reduction.results import write_result
-
     if args.method in STRUCTURE_METHODS:
         return _cmd_shed(args)
     if args.ratio is None:
@@ -114,13 +109,6 @@ def _cmd_prune(args) -> int:
 
 
 def _cmd_evaluate(args) -> int:
-    from state_reduction.backend import install_cpu_backend
-    from state_reduction.evaluation import evaluate, load_causal_lm
-    from state_reduction.evaluation.run import HUB_SUITES, _suite_table
-    from state_reduction.results import build_result, check_result_path, measure, model_entry, write_result
-
-    from state_reduction.devices import resolve_device
-
     cfg = config_from_args(EvaluateConfig, args)
     _suite_table(cfg.suite)  # an unknown suite fails before the model loads
     check_result_path(args.out)  # and an output that cannot be written
@@ -142,9 +130,6 @@ def _cmd_evaluate(args) -> int:
 
 
 def _cmd_run_table(args) -> int:
-    from state_reduction.pipeline import find_experiment, offline_cache, plan_table, run_table
-    from state_reduction.prefetch import check_offline
-
     if args.dry_run:
         plan = plan_table(args.experiment, args.table, args.profile, results_root=args.results_root,
                           seeds=args.seeds)
@@ -312,10 +297,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Expected failures (errors.Error: bad input, damaged file, unwritable output) print one line and return 2;
     anything else is a bug and propagates with its traceback (exit 1)."""
-    import warnings
-
-    from state_reduction.errors import Error
-
     args = build_parser().parse_args(argv)
     where = f"state-reduction {args.command}"
     show = warnings.showwarning

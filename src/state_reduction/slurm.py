@@ -25,7 +25,9 @@ import time
 import traceback
 from pathlib import Path
 
+from state_reduction.atomic import write_json_atomic, write_text_atomic
 from state_reduction.errors import Error
+from state_reduction.hashing import config_key
 from state_reduction.pipeline import (
     STAGES,
     PipelineError,
@@ -35,8 +37,7 @@ from state_reduction.pipeline import (
     profile_spec,
     task_jobs,
 )
-from state_reduction.atomic import write_json_atomic, write_text_atomic
-from state_reduction.hashing import config_key
+from state_reduction.pipeline import run_task
 from state_reduction.provenance import REPO_ROOT
 from state_reduction.results import read_result, results_dir
 
@@ -145,8 +146,6 @@ def _write_status(folder: Path, **fields) -> None:
 def run_task_main(experiment: str, task: str, profile: str, tables=None, stages=None, results_root=None,
                   data_dir=None) -> int:
     """One array element: record the script, configs and status in the run folder, then run the task."""
-    from state_reduction.pipeline import run_task
-
     find_task(experiment, task, profile, tables)  # an unknown name stops here, before any folder is made
     stages = tuple(stages or STAGES)
     main_rank = int(os.environ.get("RANK", "0")) == 0

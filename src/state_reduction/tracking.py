@@ -14,13 +14,18 @@ a one-line notice; a failing wandb never stops a sweep. Offline runs live in `re
 from __future__ import annotations
 
 import json
+import netrc
 import os
 import struct
+import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
+from state_reduction.atomic import write_json_atomic
 from state_reduction.errors import Error
 from state_reduction.provenance import REPO_ROOT
+from state_reduction.results import ResultsError, read_result
 
 PROJECT = "state-reduction"
 MODES = ("offline", "online", "disabled")
@@ -40,9 +45,6 @@ def _notice(text: str) -> None:
 
 def logged_in() -> bool:
     """True when wandb has credentials: $WANDB_API_KEY or a ~/.netrc entry for the wandb host."""
-    import netrc
-    from urllib.parse import urlparse
-
     if os.environ.get("WANDB_API_KEY"):
         return True
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
@@ -136,9 +138,6 @@ def _index(profile: str, results_root) -> tuple[Path, dict]:
 
 def mirror_result(path: str | Path, record: dict | None = None, results_root=None, mode: str | None = None) -> str | None:
     """Log one result file as a wandb run; return the run's folder (None when disabled or wandb failed)."""
-    from state_reduction.atomic import write_json_atomic
-    from state_reduction.results import read_result
-
     path = Path(path)
     record = record or read_result(path)
     mode = wandb_mode(mode)
@@ -152,6 +151,7 @@ def mirror_result(path: str | Path, record: dict | None = None, results_root=Non
               "data": record.get("data", {}), "seeds": record.get("seeds", {})}
     os.environ.setdefault("WANDB_SILENT", "true")
     try:
+        # lazy: start-up time (wandb only when a result is mirrored)
         import wandb
 
         run = wandb.init(mode=mode, dir=str(folder), config=config, reinit="finish_previous", resume="allow",
@@ -175,8 +175,6 @@ def mirror_result(path: str | Path, record: dict | None = None, results_root=Non
 
 def mirror_missing(profile: str, results_root=None, experiment: str | None = None, mode: str | None = None) -> list[str]:
     """Mirror every result file of the profile (or one experiment) that has no wandb run yet."""
-    from state_reduction.results import ResultsError, read_result
-
     root = Path(results_root or REPO_ROOT / "results") / profile
     _, index = _index(profile, results_root)
     done = []
@@ -224,6 +222,7 @@ def _chunks(data: bytes):
 def read_offline_run(run_dir: str | Path) -> dict:
     """What an offline run recorded: run_id, project, group, job_type, name, tags, config, summary (last value
     per key) and history (one dict per logged step)."""
+    # lazy: start-up time (wandb only when an offline run is read)
     from wandb.proto import wandb_internal_pb2 as pb
 
     files = sorted(Path(run_dir).glob("run-*.wandb"))
@@ -262,8 +261,6 @@ def offline_runs(profile: str, results_root=None) -> list[Path]:
 
 def sync(profile: str, results_root=None) -> int:
     """Upload the profile's offline runs (`wandb sync`); needs credentials."""
-    import subprocess
-
     runs = offline_runs(profile, results_root)
     if not runs:
         print(f"wandb-sync: no offline runs under {wandb_dir(profile, results_root)}")

@@ -53,6 +53,7 @@ def panel_keys() -> dict[str, set[str]]:
 
 
 def _ref(ref: str | None):
+    # lazy: start-up time (wandb_workspaces only when a report block is built)
     import wandb_workspaces.reports.v2 as wr
 
     if ref is None or ref == "Step":
@@ -66,6 +67,7 @@ def _ref(ref: str | None):
 
 def build_workspace(entity: str, project: str = PROJECT, name: str = "state reduction"):
     """The wandb_workspaces.Workspace (not saved); runs grouped by method, filtered by nothing."""
+    # lazy: start-up time (wandb_workspaces only when a workspace is built)
     import wandb_workspaces.reports.v2 as wr
     import wandb_workspaces.workspaces as ws
 

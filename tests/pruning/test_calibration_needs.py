@@ -107,7 +107,7 @@ def test_prune_calibrates_only_for_what_the_selector_reads(tmp_path, monkeypatch
         calls.append(kwargs.get("needs"))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(calibration_module, "calibrate", spy)
+    monkeypatch.setattr("state_reduction.pruning.prune.calibrate", spy)  # prune's own name for it
     counter = Counter(monkeypatch)
     fast = dict(ratio=0.5, n_calib=2, seq_len=32, batch_size=1)
     model = str(CHECKPOINTS / "deltanet")

@@ -129,12 +129,10 @@ def test_fewer_calibration_tokens_than_channels_warns(tmp_path):
 
 
 def test_interrupted_save_leaves_nothing(tmp_path, monkeypatch):
-    import state_reduction.atomic
-
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(state_reduction.atomic, "write_json_atomic", boom)  # dies while writing selection.json
+    monkeypatch.setattr("state_reduction.pruning.prune.write_json_atomic", boom)  # dies while writing selection.json
     with pytest.raises(KeyboardInterrupt):
         prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), method="l1", ratio=0.5, out=str(tmp_path / "o")))
     assert list(tmp_path.iterdir()) == []

@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 
 from state_reduction.analysis.conv import filter_similarity, qk_conv_filters
-from state_reduction.errors import InputError
 from state_reduction.analysis.rank import (
     check_divisor,
     effective_rank_from_singular_values,
@@ -43,6 +42,14 @@ from state_reduction.analysis.selection import (
     subspace_conditioning,
 )
 from state_reduction.analysis.states import capture_kernel_inputs, states_at
+from state_reduction.backend import install_cpu_backend
+from state_reduction.checkpoints import load_config, load_model, load_tokenizer
+from state_reduction.data import sample_sequences
+from state_reduction.errors import InputError
+from state_reduction.models.families import MODEL_TYPES, get_adapter
+from state_reduction.pruning.calibration import calibrate
+from state_reduction.pruning.surgery import reduce_model
+from state_reduction.results import build_result, model_entry
 
 
 @dataclass
@@ -65,9 +72,6 @@ class AnalyzeConfig:
 
 def recurrent_adapter(model_or_config, name: str):
     """The key-channel adapter, or an error naming the model type when the model has no recurrent layers."""
-    from state_reduction.models.families import MODEL_TYPES
-    from state_reduction.models.families import get_adapter
-
     try:
         return get_adapter(model_or_config)
     except KeyError:
@@ -169,8 +173,6 @@ def check_reduced(model, adapter, path: str, selection: LoadedSelection) -> None
 
 
 def _load(path: str):
-    from state_reduction.checkpoints import load_config, load_model
-
     adapter = recurrent_adapter(load_config(path), path)
     model = load_model(path)
     model.eval()
@@ -178,13 +180,6 @@ def _load(path: str):
 
 
 def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "analysis") -> dict:
-    from state_reduction.backend import install_cpu_backend
-    from state_reduction.checkpoints import load_tokenizer
-    from state_reduction.data import sample_sequences
-    from state_reduction.pruning.calibration import calibrate
-    from state_reduction.pruning.surgery import reduce_model
-    from state_reduction.results import build_result, model_entry
-
     check_divisor(cfg.divisor)
     if cfg.compare and not cfg.selection:
         raise InputError("analyze: --compare OTHER needs --selection (the overlap is between the two)")

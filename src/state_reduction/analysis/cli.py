@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import json
+
+import torch
+
+from state_reduction.analysis.analyze import AnalyzeConfig, analyze
+from state_reduction.analysis.experiment import plan_analyses, run_analyses
+from state_reduction.analysis.rank import DIVISORS
 from state_reduction.options import length_int, positive_int
+from state_reduction.results import check_result_path, write_result
 
 
 def _cmd_analyze(args) -> int:
-    import torch
-
-    from state_reduction.analysis.analyze import AnalyzeConfig, analyze
-    from state_reduction.results import check_result_path, write_result
-
     check_result_path(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -38,12 +41,6 @@ def _cmd_analyze(args) -> int:
 
 
 def _cmd_run_analysis(args) -> int:
-    import json
-
-    import torch
-
-    from state_reduction.analysis.experiment import plan_analyses, run_analyses
-
     if args.dry_run:
         plan = plan_analyses(args.table, args.profile, args.experiment, results_root=args.results_root)
         print(f"{args.table} ({args.profile} profile), experiment {plan['experiment']}: results in {plan['results_dir']}")
@@ -61,8 +58,6 @@ def _cmd_run_analysis(args) -> int:
 
 
 def register(subparsers) -> None:
-    from state_reduction.analysis.rank import DIVISORS
-
     p = subparsers.add_parser("analyze", help="rank utilisation, spectra, subspace conditioning, overlap, conv similarity")
     p.add_argument("model", help="dense model folder")
     p.add_argument("--selection", help="pruned model folder (with selection.json) or a selection.json of MODEL")

@@ -19,6 +19,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import torch
+
+from state_reduction.analysis.analyze import AnalyzeConfig, analyze
 from state_reduction.pipeline import (
     Cell,
     PipelineError,
@@ -85,8 +88,6 @@ def analysis_jobs(runner: Runner, spec: dict, table: str, profile: str) -> list[
 @register_stage("analyze")
 def run_analysis(runner: Runner, name: str, config: dict) -> dict:
     """State-rank analysis of a dense, pruned or post-RFT model (analysis.analyze)."""
-    from state_reduction.analysis.analyze import AnalyzeConfig, analyze
-
     model = runner.dense(config["model"])["path"]
     selection = compare = selection_model = None
     if config["method"] is not None:
@@ -112,8 +113,6 @@ def run_analyses(table: str, profile: str = "tiny", experiment: str = EXPERIMENT
                  data_dir=None) -> list[Path]:
     """Prune and fine-tune what `table` needs and is missing (pipeline stages), then run its missing analyses;
     return the analysis result files."""
-    import torch
-
     spec = load_experiment(experiment)
     run_table(experiment, table, profile, results_root=results_root, data_dir=data_dir, stages=REDUCE_STAGES)
     torch.manual_seed(0)

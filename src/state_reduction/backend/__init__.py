@@ -9,6 +9,7 @@ Fused cross-entropy is routed (configs may keep fuse_cross_entropy=True): on CPU
 
 from __future__ import annotations
 
+from state_reduction.backend import patch
 from state_reduction.backend.delta_rule import chunk_delta_rule_torch, recurrent_delta_rule_torch
 from state_reduction.backend.gated_delta_rule import chunk_gated_delta_rule_torch, recurrent_gated_delta_rule_torch
 
@@ -19,7 +20,6 @@ def install_cpu_backend() -> None:
     """Route fla's Triton kernels (and transformers' fla bindings) to torch references for CPU tensors.
     Idempotent; CUDA tensors keep using the original kernels."""
     global _installed
-    from state_reduction.backend import patch
 
     patch.install()
     _installed = True

@@ -233,6 +233,7 @@ def _hub_error(info: CorpusInfo, split: str, exc: BaseException) -> CorpusError:
 
 def _load_hf(info: CorpusInfo, split: str, transform=None):
     """Dataset or IterableDataset (streaming corpora) with one column, `text`."""
+    # lazy: start-up time (datasets only when a corpus is read)
     import datasets
 
     source = info.hf_splits.get(split)
@@ -262,6 +263,7 @@ def _wikitext_articles(ds):
 
     Rows keep their newline except blank lines, which are empty rows.
     """
+    # lazy: start-up time (datasets only when a corpus is read)
     import datasets
 
     articles: list[str] = []
@@ -342,6 +344,7 @@ def load_corpus(name: str, split: str, data_dir=None):
     _check_split(entry.info, split)
     if entry.info.profile == "paper":
         return entry.build(entry.info, split)
+    # lazy: start-up time (datasets only when a corpus is read)
     import datasets
 
     docs = tiny_documents(name, split, data_dir)

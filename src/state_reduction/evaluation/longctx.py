@@ -27,10 +27,12 @@ import hashlib
 import json
 import random
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from state_reduction.atomic import write_json_atomic
+from state_reduction.checkpoints import load_config, load_tokenizer
 from state_reduction.data import get_corpus_info, load_corpus, resolve_data_dir
 from state_reduction.errors import Error, InputError
 from state_reduction.evaluation.tiny_suite import (
@@ -133,8 +135,6 @@ def training_length(model_dir) -> tuple[int, str] | None:
 def check_length_option(length: int, option: str, config, tokenizer=None, model_dir=None, name=None) -> None:
     """Before compute: `option` (a context length in tokens) within the model's and tokenizer's limits
     (context_limits) or a ContextLengthError naming both; beyond the training length only a warning."""
-    import warnings
-
     name = name or model_dir or getattr(config, "model_type", "model")
     for limit, source in context_limits(config, tokenizer, model_dir):
         if length > limit:
@@ -164,8 +164,6 @@ def check_context_length(length: int, config, tokenizer=None, model_dir=None, na
 
 def check_model_path(path: str, length: int, max_length: int | None = None) -> None:
     """check_context_length for a local checkpoint folder, reading only its config files (no weights)."""
-    from state_reduction.checkpoints import load_config, load_tokenizer
-
     config = load_config(path)
     tokenizer = load_tokenizer(path)
     check_context_length(length, config, tokenizer, model_dir=path, name=path, max_length=max_length)

@@ -12,8 +12,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from huggingface_hub import HfApi, constants
+from transformers import AutoModelForCausalLM
+
+from state_reduction.checkpoints import load_config, load_model, load_tokenizer
+from state_reduction.devices import compute_dtype
 from state_reduction.errors import Error
-from state_reduction.evaluation.longctx import LENGTHS as LONGCTX_LENGTHS
+from state_reduction.evaluation.longctx import LENGTHS as LONGCTX_LENGTHS, check_length_option
 from state_reduction.evaluation.longctx import TASKS as LONGCTX_TASKS
 from state_reduction.evaluation.longctx import build_longctx_suite, check_context_length
 from state_reduction.evaluation.mqar import CELLS as MQAR_CELLS
@@ -109,8 +114,6 @@ def _suite_table(suite: str) -> dict:
 
 def _require_hub() -> None:
     """The paper suite's datasets come from the Hugging Face hub: fail before loading any model input."""
-    from huggingface_hub import HfApi, constants
-
     if constants.HF_HUB_OFFLINE and os.environ.get("STATE_REDUCTION_CACHE"):
         return  # a prefetched cache (state-reduction prefetch), checked by run-table before any compute
     if constants.HF_HUB_OFFLINE:
@@ -147,11 +150,6 @@ def load_causal_lm(path: str, device: str = "cpu", max_length: int | None = None
     """(model, tokenizer) from a local checkpoint or a hub id (checkpoints.load_model: files, config and finite
     weights checked, errors name the file); a model that is not a causal language model is refused, and
     `max_length` is checked against the model's limits before the weights load."""
-    from transformers import AutoModelForCausalLM
-
-    from state_reduction.checkpoints import load_config, load_model, load_tokenizer
-    from state_reduction.evaluation.longctx import check_length_option
-
     config = load_config(path)
     if type(config) not in AutoModelForCausalLM._model_mapping:
         raise EvaluationError(f"model {path} (model_type {config.model_type!r}) is not a causal language model")
@@ -159,7 +157,6 @@ def load_causal_lm(path: str, device: str = "cpu", max_length: int | None = None
     if max_length is not None:
         check_length_option(max_length, "--max-length", config, tokenizer,
                             model_dir=path if Path(path).is_dir() else None, name=path)
-    from state_reduction.devices import compute_dtype
 
     model = load_model(path, dtype=compute_dtype(device)).to(device)  # fp32 on a CPU
     model.eval()
@@ -229,6 +226,7 @@ def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_le
 
 
 def _run(model, tokenizer, suite, table, batch_size, max_length, limit, data_dir) -> dict:
+    # lazy: start-up time (lm_eval is imported only when a suite runs)
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager

@@ -11,6 +11,8 @@ from_pretrained then overwrites every parameter and buffer (projections, coeffic
 from __future__ import annotations
 
 import torch
+from state_reduction.ralimp.gated import GatedLinearization, gated_weights
+from state_reduction.ralimp.model import LinearizedMLP, decoder_layers
 
 
 RALIMP_SUFFIX = "_ralimp"
@@ -18,9 +20,6 @@ PLACEHOLDER_T = torch.linspace(-3.0, 3.0, 64, dtype=torch.float64)
 
 
 def install_placeholders(model, layers: list[int], spec: dict) -> None:
-    from state_reduction.ralimp.gated import GatedLinearization, gated_weights
-    from state_reduction.ralimp.model import LinearizedMLP, decoder_layers
-
     spec = dict(spec)
     method, budget, rank = spec.pop("method", "ralimp"), spec.pop("budget", 32), spec.pop("rank", 128)
     if spec.get("sphere"):

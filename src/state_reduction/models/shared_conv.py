@@ -27,6 +27,7 @@ from state_reduction.errors import InputError
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
+    from fla.layers.delta_net import DeltaNet
     from fla.models import DeltaNetConfig, DeltaNetForCausalLM
     from fla.modules import ShortConvolution
 
@@ -94,8 +95,6 @@ class SharedConvDeltaNetForCausalLM(DeltaNetForCausalLM):
             return
         if not config.use_short_conv:
             raise InputError(f"SharedConvDeltaNetConfig: conv_sharing={config.conv_sharing!r} needs use_short_conv=True.")
-        from fla.layers.delta_net import DeltaNet
-
         for layer in self.model.layers:
             mixer = layer.attn
             if not isinstance(mixer, DeltaNet):  # fla hybrid attention layers have no short conv

@@ -24,6 +24,7 @@ import yaml
 
 from state_reduction.errors import Error
 from state_reduction.provenance import REPO_ROOT
+from state_reduction.rft.config import RFTConfig
 
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
 
@@ -214,8 +215,6 @@ def _build(cls, raw: dict, source, where: str):
 
 def _check_rft(source, where: str, section: dict) -> None:
     """A profile's `rft:` is `preset` plus RFTConfig fields other than the run's paths and names."""
-    from state_reduction.rft.config import RFTConfig
-
     hints = typing.get_type_hints(RFTConfig)
     fixed = ("student", "teacher", "out", "profile", "experiment", "resume")
     valid = ["preset"] + [f.name for f in fields(RFTConfig) if f.name not in fixed]

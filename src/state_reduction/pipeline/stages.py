@@ -25,8 +25,15 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from state_reduction.atomic import is_complete
+from state_reduction.backend import install_cpu_backend
+from state_reduction.checkpoints import load_model, load_tokenizer
+from state_reduction.devices import compute_dtype, resolve_device
+from state_reduction.evaluation import evaluate
+from state_reduction.evaluation.longctx import check_model_path
+from state_reduction.evaluation.run import SUITE_CONTEXT, EvaluationError, _require_hub
 from state_reduction.pipeline.spec import (
     CONTROL,
     Cell,
@@ -38,6 +45,8 @@ from state_reduction.pipeline.spec import (
     table_cells,
     table_evaluate,
 )
+from state_reduction.pruning.prune import PruneConfig, prune, prune_result
+from state_reduction.pruning.shed import decode_timing, parse_structure_method, prune_cell, shed_result, structure_costs
 from state_reduction.results import (
     build_result,
     config_key,
@@ -47,6 +56,9 @@ from state_reduction.results import (
     results_dir,
     run_sweep,
 )
+from state_reduction.rft import RFTConfig, run_rft as fine_tune
+from state_reduction.rft.trainer import MODEL_DIR
+from state_reduction.tracking import mirror_result
 
 # The steps of a table's plan, in the order they run; each runs one stage kind (STEP_KINDS).
 STAGES = ("baseline", "prune", "eval-pre", "rft", "eval-post")
@@ -87,8 +99,6 @@ def get_stage(name: str) -> Stage:
 
 def prune_kind(method: str) -> str:
     """The stage kind that makes the pruned model of `method`: `shed` for structure removal, else `prune`."""
-    from state_reduction.pruning.shed import parse_structure_method
-
     return "shed" if parse_structure_method(method) is not None else "prune"
 
 
@@ -96,9 +106,6 @@ def check_context(spec: dict, profile: str, keys, local_only: bool = False, eval
     """Before any compute: the context length of the long-context suite (the table's `evaluate`, else the
     profile's) must fit every model of the table (evaluation.longctx.check_model_path reads config and tokenizer
     files only). `local_only` (dry runs) skips models that are not local folders, which would need the hub."""
-    from state_reduction.evaluation.longctx import check_model_path
-    from state_reduction.evaluation.run import SUITE_CONTEXT
-
     evaluate = evaluate or profile_spec(spec, profile)["evaluate"]
     if evaluate["suite"] not in SUITE_CONTEXT:
         return
@@ -158,8 +165,6 @@ class Runner:
                 **dict(cell.vary)}
 
     def rft_config(self, cell: Cell) -> dict:
-        from state_reduction.rft import RFTConfig
-
         rft = self.p["rft"]
         seed = dict(cell.vary).get("seed")
         pruned = CONTROL if cell.method == CONTROL else config_key(self.prune_config(cell))
@@ -200,8 +205,6 @@ class Runner:
 
     def ensure_rft(self, cell: Cell) -> Path:
         """The merged post-RFT model of `cell`, fine-tuning it (or resuming its checkpoint) if it is missing."""
-        from state_reduction.rft.trainer import MODEL_DIR
-
         config = self.rft_config(cell)
         folder = self.model_dir(cell, "rft", config)
         if not is_complete(folder / MODEL_DIR):
@@ -237,8 +240,6 @@ _Runner = Runner  # the name modules and tests used before the split
 @register_stage("prune")
 def run_prune(runner: Runner, name: str, config: dict) -> dict:
     """Key-channel pruning of the dense model (pruning.prune)."""
-    from state_reduction.pruning.prune import PruneConfig, prune, prune_result
-
     cell = runner.cell_of(config)
     folder = runner.model_dir(cell, "prune", config)
     record = prune(PruneConfig(
@@ -254,9 +255,6 @@ def run_prune(runner: Runner, name: str, config: dict) -> dict:
 @register_stage("shed")
 def run_shed(runner: Runner, name: str, config: dict) -> dict:
     """Mamba-Shedder cells (`shed-<target>[+<selector>]`, pruning.shed.prune_cell)."""
-    from state_reduction.pruning.prune import prune_result
-    from state_reduction.pruning.shed import prune_cell, shed_result
-
     cell = runner.cell_of(config)
     folder = runner.model_dir(cell, "prune", config)
     out = prune_cell(runner.dense(cell.model)["path"], cell.method, cell.ratio, folder, calib=config["calib"],
@@ -284,9 +282,6 @@ def _with_costs(runner: Runner, cell: Cell, config: dict, folder: Path, result: 
     settings) their batch-1 decode time, side by side."""
     if not config.get("costs"):
         return result
-    from transformers import AutoModelForCausalLM
-
-    from state_reduction.pruning.shed import decode_timing, structure_costs
 
     dense = AutoModelForCausalLM.from_pretrained(runner.dense(cell.model)["path"]).eval()
     reduced = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
@@ -301,9 +296,6 @@ def _with_costs(runner: Runner, cell: Cell, config: dict, folder: Path, result: 
 @register_stage("rft")
 def run_rft(runner: Runner, name: str, config: dict) -> dict:
     """Recovery fine-tuning of the pruned model (or of the dense one for the control), rft.run_rft."""
-    from state_reduction.rft import RFTConfig
-    from state_reduction.rft import run_rft as fine_tune
-
     cell = runner.cell_of(config)
     folder = runner.model_dir(cell, "rft", config)
     student = runner.ensure_pruned(cell)
@@ -324,11 +316,6 @@ def run_rft(runner: Runner, name: str, config: dict) -> dict:
 @register_stage("evaluate")
 def run_eval(runner: Runner, name: str, config: dict) -> dict:
     """Evaluation of the dense, pruned or post-RFT model (evaluation.evaluate)."""
-    from state_reduction.backend import install_cpu_backend
-    from state_reduction.checkpoints import load_model, load_tokenizer
-    from state_reduction.devices import compute_dtype, resolve_device
-    from state_reduction.evaluation import evaluate
-
     cell = runner.cell_of(config)
     if cell.method == "baseline":
         folder = runner.dense(cell.model)["path"]
@@ -374,7 +361,6 @@ _stage_jobs = stage_jobs
 def require_hub_for(profile: str, what: str) -> None:
     if profile != "paper":
         return
-    from state_reduction.evaluation.run import EvaluationError, _require_hub
 
     try:
         _require_hub()
@@ -429,8 +415,6 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
 
 def mirror(runner: Runner):
     """run_sweep's on_result: each new result is mirrored to wandb (offline unless configured online)."""
-    from state_reduction.tracking import mirror_result
-
     return lambda path, record: mirror_result(path, record, results_root=runner.out.parent.parent)
 
 

@@ -14,18 +14,17 @@ import time
 
 import torch
 
+from state_reduction.backend import install_cpu_backend
+from state_reduction.checkpoints import load_model, load_tokenizer
+from state_reduction.data import sample_sequences
+from state_reduction.models.families import get_adapter
 from state_reduction.peak_memory import host_peak_rss_bytes, host_rss_bytes
+from state_reduction.pruning.calibration import calibrate
+from state_reduction.pruning.selectors import keep_count, select
 
 
 def calibration_point(model_path: str, n: int, seq_len: int, batch_size: int, corpus: str, seed: int) -> dict:
     """One measurement, in this process: load, calibrate on n sequences, select with DRRQR at 50%."""
-    from state_reduction.backend import install_cpu_backend
-    from state_reduction.checkpoints import load_model, load_tokenizer
-    from state_reduction.data import sample_sequences
-    from state_reduction.models.families import get_adapter
-    from state_reduction.pruning.calibration import calibrate
-    from state_reduction.pruning.selectors import keep_count, select
-
     install_cpu_backend()
     torch.set_num_threads(1)
     model = load_model(model_path)

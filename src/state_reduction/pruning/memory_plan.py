@@ -10,14 +10,21 @@ on the tiny models (`measure`, `state-reduction memory-plan CHECKPOINT --measure
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from state_reduction.atomic import write_json_atomic
+from state_reduction.backend import install_cpu_backend
+from state_reduction.checkpoints import load_model
 from state_reduction.errors import MissingInputError
-from state_reduction.models.families import architectures, speed_presets
+from state_reduction.models.families import architectures, get_adapter, speed_presets
 from state_reduction.models.families import build_config as family_config
 from state_reduction.peak_memory import HeapPeak
+from state_reduction.pruning.calibration import calibrate
+from state_reduction.pruning.streaming import calibrate_streaming, decoder_blocks
 
 GIB = 1024**3
 # Grad: autograd keeps per block more than the block's Linear outputs where the q/k gradient flows (the chunked
@@ -38,12 +45,6 @@ PRESETS = speed_presets()
 def build_config(name_or_path: str):
     """The config of a named architecture (ARCHITECTURES), a speed preset (`dn-1.3b`, `gdn-1.3b`), a checkpoint
     folder or config.json, or a hub id (read from the hub, or from the local cache when HF_HUB_OFFLINE=1)."""
-    from pathlib import Path
-
-    from transformers import AutoConfig
-
-    import state_reduction  # noqa: F401  (Auto-class registration)
-
     if name_or_path in ARCHITECTURES:
         arch = ARCHITECTURES[name_or_path]
         return family_config(arch.family, **arch.config)
@@ -67,8 +68,6 @@ def build_config(name_or_path: str):
 
 
 def _meta_model(config):
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
 
@@ -88,9 +87,6 @@ def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, w
     batch (B T sum(out_features) bytes), the calibration hooks' float64 copies of q, k and the projection input,
     and Grad's logits (bf16 logits, their float32 copy and gradient: 10 bytes per entry) and autograd-saved tensors
     (one block's activations again, plus the input gradient)."""
-    from state_reduction.models.families import get_adapter
-    from state_reduction.pruning.streaming import decoder_blocks
-
     adapter = get_adapter(config)
     model = _meta_model(config)
     blocks = decoder_blocks(model)
@@ -176,12 +172,6 @@ def format_plan(p: dict, title: str = "") -> str:
 def measure(path: str, n_calib: int = 8, seq_len: int = 256, batch_size: int = 4, seed: int = 0) -> dict:
     """Heap peaks (bytes above the loaded model) of calibration on CPU for a checkpoint, all at once and streamed,
     without and with gradients, on random token windows (memory does not depend on the tokens)."""
-    from state_reduction.backend import install_cpu_backend
-    from state_reduction.checkpoints import load_model
-    from state_reduction.models.families import get_adapter
-    from state_reduction.pruning.calibration import calibrate
-    from state_reduction.pruning.streaming import calibrate_streaming
-
     install_cpu_backend()
     model = load_model(path)
     adapter = get_adapter(model)
@@ -213,8 +203,6 @@ def _cmd_memory_plan(args) -> int:
         for name, b in measured.items():
             print(f"    {name:<20}{b / 2**20:8.1f} MiB")
     if args.out:
-        from state_reduction.atomic import write_json_atomic
-
         write_json_atomic(args.out, {"model": args.model, **p})
         print(f"plan: {args.out}")
     return 0

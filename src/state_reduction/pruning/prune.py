@@ -9,11 +9,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
-from state_reduction.atomic import check_output
+from state_reduction.atomic import check_output, write_json_atomic
+from state_reduction.backend import install_cpu_backend
+from state_reduction.checkpoints import load_config, load_model, load_tokenizer
+from state_reduction.data import get_corpus_info, sample_sequences
+from state_reduction.devices import checkpoint_dtype, compute_dtype, resolve_device
 from state_reduction.errors import InputError
+from state_reduction.evaluation.longctx import check_length_option
+from state_reduction.models.families import get_adapter
 from state_reduction.options import length_int, positive_int
+from state_reduction.peak_memory import host_peak_rss_bytes, peak_memory_bytes
+from state_reduction.provenance import collect_provenance
+from state_reduction.pruning.calibration import calibrate
 from state_reduction.pruning.selectors import MODES, SelectorInput, get_selector, keep_count
+from state_reduction.pruning.streaming import calibrate_streaming
+from state_reduction.pruning.surgery import reduce_model, save_reduced
+from state_reduction.results import _display_path, build_result, model_entry
 
 
 @dataclass
@@ -60,7 +73,6 @@ class PruneConfig:
                                      ("grad_tokens", self.grad_tokens, 1)):
             if not isinstance(value, int) or value < least:
                 raise InputError(f"{option} must be an integer >= {least}, got {value!r}")
-        from state_reduction.devices import resolve_device
         resolve_device(self.device)
         check_output(self.out, directory=True, overwrite=self.overwrite)
 
@@ -86,24 +98,6 @@ def _stopwatch() -> tuple[dict[str, float], Callable[[str], None]]:
 def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = None) -> dict:
     """Prune `cfg.model` and publish the checkpoint with selection.json as `cfg.out`; returns the record.
     `write_extra(folder, record)` adds files (the result) to the folder before it is published."""
-    from state_reduction.atomic import write_json_atomic
-    from state_reduction.backend import install_cpu_backend
-    from state_reduction.checkpoints import load_config, load_model, load_tokenizer
-    from state_reduction.data import get_corpus_info, sample_sequences
-    from state_reduction.evaluation.longctx import check_length_option
-    from state_reduction.provenance import collect_provenance
-    from state_reduction.models.families import get_adapter
-    from state_reduction.pruning.calibration import calibrate
-    from state_reduction.pruning.streaming import calibrate_streaming
-    from state_reduction.pruning.surgery import reduce_model, save_reduced
-
-    from state_reduction.devices import (
-        checkpoint_dtype,
-        compute_dtype,
-        resolve_device,
-    )
-    from state_reduction.peak_memory import host_peak_rss_bytes, peak_memory_bytes
-
     cfg.validate()
     t0 = time.time()
     stage_seconds, lap = _stopwatch()
@@ -167,8 +161,6 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
 
     def write_selection(folder: Path) -> None:
         if rotations:
-            from safetensors.torch import save_file
-
             save_file(rotations, os.fspath(folder / "selection_rotations.safetensors"))
         lap("save")  # the weights and tokenizer are written when the selection is
         record.update(wall_time_s=round(time.time() - t0, 2), peak_memory_bytes=peak_memory_bytes(device),
@@ -185,8 +177,6 @@ def prune_result(record: dict, folder, *, profile: str, experiment: str, config:
                  published_as=None) -> dict:
     """The run of `prune` (its returned record, its output folder) as a result of the common schema.
     `published_as`: the folder's final name, when `folder` is the temporary one being filled."""
-    from state_reduction.results import _display_path, build_result, model_entry
-
     model = model_entry(folder)
     if published_as is not None:
         model["path"] = _display_path(published_as)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -25,12 +26,24 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from state_reduction.atomic import check_output
+from state_reduction.atomic import check_output, write_json_atomic
+from state_reduction.backend import install_cpu_backend
+from state_reduction.checkpoints import save_model_atomic
+from state_reduction.data import get_corpus_info, sample_sequences
+from state_reduction.devices import resolve_device
 from state_reduction.errors import InputError
-from state_reduction.models.families import shed_classes
+from state_reduction.hashing import config_key
+from state_reduction.models.families import get_adapter, shed_classes
 from state_reduction.models.shed import SHED_SUFFIX, ZeroMixer, ZeroMLP, resize_mlp
 from state_reduction.options import positive_int
+from state_reduction.peak_memory import peak_memory_bytes
+from state_reduction.provenance import collect_provenance
+from state_reduction.pruning.prune import PruneConfig, prune
+from state_reduction.pruning.selectors import get_selector
+from state_reduction.results import build_result, model_entry, weights_sha256
+from state_reduction.speed.timing import TimingProtocol, median, paired_speedup, time_interleaved
 
 STRUCTURE_METHODS = ("shed",)  # `state-reduction prune --method shed` (key-channel methods: pruning.selectors)
 TARGETS = ("block", "mixer", "mlp", "mlp-channels")
@@ -56,8 +69,6 @@ class Candidate:
 
 
 def _layout(model: nn.Module):
-    from state_reduction.models.families import get_adapter
-
     adapter = get_adapter(model)
     if adapter.structure is None:
         raise InputError(f"{adapter.family} adapter: no StructureLayout, so no structure removal for "
@@ -307,8 +318,6 @@ def search(model: nn.Module, target: str, steps: int, scorer: Scorer, *, method:
     """Choose `steps` candidates of `target` to remove. Returns {order, steps, forward_passes, resumed_steps}:
     `order` the removal order (candidate names), `steps` each step's scores (perplexity with the candidate
     also masked). Steps already saved in `state_dir` (by a search with the same `key`) are reused."""
-    from state_reduction.atomic import write_json_atomic
-
     if method not in SEARCHES:
         raise InputError(f"--search {method!r}; accepted: {', '.join(SEARCHES)}")
     check_steps(model, target, steps, group_size)
@@ -390,8 +399,6 @@ class ShedConfig:
         check_output(self.out, directory=True, overwrite=self.overwrite)
 
     def search_key(self, weights_sha256: str) -> str:
-        from state_reduction.hashing import config_key
-
         keys = ("target", "search", "group_size", "calib", "n_calib", "seq_len", "seed", "steps")
         return config_key({"weights_sha256": weights_sha256, **{k: getattr(self, k) for k in keys}})
 
@@ -404,21 +411,6 @@ def search_dir(out: str | Path) -> Path:
 
 def shed(cfg: ShedConfig) -> dict:
     """Search, remove, save `cfg.out` (reloadable) with shed.json; returns the record."""
-    import shutil
-
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    import state_reduction  # noqa: F401  (Auto-class registration)
-    from state_reduction.backend import install_cpu_backend
-    from state_reduction.checkpoints import save_model_atomic
-    from state_reduction.data import get_corpus_info, sample_sequences
-    from state_reduction.atomic import write_json_atomic
-    from state_reduction.provenance import collect_provenance
-    from state_reduction.models.families import get_adapter
-    from state_reduction.devices import resolve_device
-    from state_reduction.peak_memory import peak_memory_bytes
-    from state_reduction.results import weights_sha256
-
     cfg.validate()
     t0 = time.time()
     install_cpu_backend()
@@ -471,8 +463,6 @@ def shed(cfg: ShedConfig) -> dict:
 
 def shed_result(record: dict, folder, *, profile: str, experiment: str, config: dict | None = None) -> dict:
     """A `shed` run as a result of the common schema (kind prune)."""
-    from state_reduction.results import build_result, model_entry
-
     cal = record["calibration"]
     b, a = record["costs"]["before"], record["costs"]["after"]
     metrics = {"n_removed": len(record["removed"]), "calib_forward_passes": cal["forward_passes"],
@@ -499,8 +489,6 @@ def parse_structure_method(method: str) -> tuple[str, str | None] | None:
     if target not in TARGETS:
         raise InputError(f"method {method!r}: target {target!r}; accepted: shed-{', shed-'.join(TARGETS)}")
     if plus:
-        from state_reduction.pruning.selectors import get_selector
-
         get_selector(then)
     return target, then or None
 
@@ -519,14 +507,6 @@ def prune_cell(model: str, method: str, ratio: float, out: str | Path, *, calib:
     q of key channels that brings the recurrent state to (1 - ratio) of the dense model's (q = 1 - (1 - ratio)
     * S_dense / S_shed, floored to whole channels by keep_count, 0 when the shed model is already within budget).
     Returns {record, shed, prune}: the shed record and, for the combination, the key-channel record."""
-    import shutil
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    import state_reduction  # noqa: F401
-    from state_reduction.backend import install_cpu_backend
-    from state_reduction.pruning.prune import PruneConfig, prune
-
     target, then = parse_structure_method(method)
     install_cpu_backend()
     with torch.device("meta"):  # the module structure only: counting candidates loads no weights
@@ -556,8 +536,6 @@ def decode_timing(dense: nn.Module, reduced: nn.Module, *, prompt_len: int = 64,
     """Batch-1 cached decode after a `prompt_len` prompt, dense and reduced interleaved (speed.timing): ms per
     token of the reduced model and the paired speedup over the dense one (median over repetitions). `device`
     (e.g. cuda): where both models run (moved there), else where they are."""
-    from state_reduction.speed.timing import TimingProtocol, median, paired_speedup, time_interleaved
-
     if device is not None:
         dense, reduced = dense.to(device), reduced.to(device)
     device = next(reduced.parameters()).device

@@ -14,6 +14,7 @@ import torch
 import yaml
 
 from state_reduction.provenance import REPO_ROOT
+from state_reduction.ralimp.synthetic import fit
 from state_reduction.results import build_result, results_dir, run_sweep
 
 EXPERIMENT = "ralimp_synthetic"
@@ -48,8 +49,6 @@ def cells(cfg: dict, profile: str) -> list[tuple[str, dict]]:
 
 
 def run_cell(profile: str):
-    from state_reduction.ralimp.synthetic import fit
-
     def run(name: str, config: dict) -> dict:
         torch.set_num_threads(1)
         c = config

@@ -31,6 +31,7 @@ the least-squares init then maps t to u with the calibration RMS of |x|.
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
 
 import torch
@@ -366,8 +367,6 @@ METHODS = {cls.method: cls for cls in (RaLiMP, EUGen, SNNK, LowRank)}
 def build_linearization(method: str, weight: torch.Tensor, activation_name: str, budget: int, *,
                         calib_t: torch.Tensor, seed: int = 0, **options) -> Linearization:
     """A linearization of x -> f(x W^T) (weight [out, in]); options are the method's keyword arguments."""
-    import inspect
-
     cls = METHODS[_choice("method", method, METHODS)]
     accepted = [n for n, p in inspect.signature(cls.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY
                 and n not in ("calib_t", "generator")]

@@ -13,16 +13,21 @@ models measured in this one process (greedy, cache on, one thread, interleaved r
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from state_reduction.backend import install_cpu_backend
 from state_reduction.checkpoints import save_model_atomic
+from state_reduction.data import sample_sequences
 from state_reduction.models.families import ralimp_classes
 from state_reduction.ralimp.gated import FoldedGatedMLP, dense_gated_flops_per_token, gated_weights
 from state_reduction.ralimp.model import LinearizedMLP, decoder_layers, replace_last_mlps
+from state_reduction.results import build_result, write_result
 
 OPTIONS = {"ralimp": {"sphere": True, "clamp": 10.0}, "eugen": {}, "snnk": {"sphere": True, "clamp": 10.0}}
 
@@ -38,8 +43,6 @@ class _FoldedMLP(torch.nn.Module):
 
 def deployed(model):
     """A copy of `model` whose linearized MLPs are folded (the inference form)."""
-    import copy
-
     out = copy.deepcopy(model)
     for layer in decoder_layers(out):
         if isinstance(layer.mlp, LinearizedMLP):
@@ -67,11 +70,6 @@ def measure_decode(models: dict, prompt: torch.Tensor, new_tokens: int = 64, rep
 
 def linearize(model_dir: str, k: int, out: str, *, method: str = "ralimp", budget: int = 32, rank: int = 128,
               calib: str = "ptb", n_calib: int = 8, seq_len: int = 256, seed: int = 0, decode_tokens: int = 64) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import state_reduction  # noqa: F401  (Auto-class registration)
-    from state_reduction.data import sample_sequences
-
     torch.manual_seed(seed)
     dense = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -117,11 +115,9 @@ def main(argv=None) -> None:
     ap.add_argument("--experiment", default="joint_compression")
     ap.add_argument("--result", default=None, help="result JSON path (default: <out>/linearize_result.json)")
     args = ap.parse_args(argv)
-    from state_reduction.backend import install_cpu_backend
 
     install_cpu_backend()
     torch.set_num_threads(1)
-    from state_reduction.results import build_result, write_result
 
     config = {k: v for k, v in vars(args).items() if k not in ("result", "profile", "experiment")}
     t0 = time.perf_counter()

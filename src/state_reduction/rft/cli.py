@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import os
+import time
 
 from state_reduction.options import add_config_options, length_int, nonnegative_int, positive_float, positive_int
-from state_reduction.rft.config import PRESETS, RFTConfig
+from state_reduction.provenance import REPO_ROOT
+from state_reduction.results import build_result, write_result
+from state_reduction.rft.config import PRESETS, RFTConfig, RFTError, parse_overrides
+from state_reduction.rft.flame import export_for_flame
+from state_reduction.rft.throughput import bench_rft, format_rft_bench
+from state_reduction.rft.trainer import run_rft
 
 # RFTConfig fields settable by their own option (every other one through --set KEY=VALUE); unset options leave
 # the field to --config and the preset
@@ -31,9 +37,6 @@ CHOICES = {"profile": ["tiny", "paper"], "wandb": ["offline", "online", "disable
 
 
 def _cmd_rft(args) -> int:
-    from state_reduction.rft.config import RFTError, parse_overrides
-    from state_reduction.rft.trainer import run_rft
-
     if args.teacher is None and not args.no_teacher:
         raise RFTError("pass --teacher DENSE (the unpruned model) or --no-teacher for cross-entropy only")
     flags = {name: getattr(args, name) for name in FLAGS}
@@ -44,8 +47,6 @@ def _cmd_rft(args) -> int:
     else:
         cfg = RFTConfig.from_preset(args.preset, args.student, teacher, args.out, **overrides)
     if args.export_flame:
-        from state_reduction.rft.flame import export_for_flame
-
         print(f"flame: {export_for_flame(cfg, args.export_flame)} (run it from a flame checkout)")
         return 0
     record = run_rft(cfg)
@@ -58,13 +59,8 @@ def _cmd_rft(args) -> int:
 
 
 def _cmd_bench_rft(args) -> int:
-    from state_reduction.provenance import REPO_ROOT
-    from state_reduction.results import build_result, write_result
-    from state_reduction.rft.throughput import bench_rft, format_rft_bench
-
     config = {"families": args.families, "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
               "method": "l1", "ratio": 0.5, "threads": 1, "device": "cpu"}
-    import time
 
     t0 = time.time()
     rows = bench_rft(args.families, REPO_ROOT / "experiments" / "tiny_models" / "checkpoints", steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,8 +126,6 @@ class RFTConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            import difflib
-
             hints = [f"{u} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(u, known, n=1)) else u
                      for u in unknown]
             raise RFTError(f"{where}: unknown keys {', '.join(hints)}")
@@ -135,8 +134,6 @@ class RFTConfig:
     @classmethod
     def from_preset(cls, preset: str, student: str, teacher: str | None, out: str, **overrides) -> RFTConfig:
         if preset not in PRESETS:
-            import difflib
-
             close = difflib.get_close_matches(preset, list(PRESETS), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise RFTError(f"unknown RFT preset {preset!r}{hint} (presets: {', '.join(PRESETS)})")

@@ -10,12 +10,12 @@ import tempfile
 from pathlib import Path
 
 from state_reduction.peak_memory import host_peak_rss_bytes
+from state_reduction.pruning.prune import PruneConfig, prune
+from state_reduction.rft import RFTConfig, run_rft
 
 
 def rft_point(student: str, teacher: str | None, out: str, steps: int, batch_size: int, seq_len: int) -> dict:
     """One measurement in this process: a short RFT run (1 thread, no wandb, no progress bar)."""
-    from state_reduction.rft import RFTConfig, run_rft
-
     cfg = RFTConfig.tiny_preset(student, teacher, out, steps=steps, batch_size=batch_size, seq_len=seq_len,
                                 warmup_steps=1, save_every=steps, overwrite=True, resume=False, wandb="disabled", progress=False,
                                 threads=1)
@@ -29,8 +29,6 @@ def rft_point(student: str, teacher: str | None, out: str, steps: int, batch_siz
 
 def bench_rft(families, checkpoints: Path, steps: int = 5, batch_size: int = 4, seq_len: int = 128,
               method: str = "l1", ratio: float = 0.5) -> list[dict]:
-    from state_reduction.pruning.prune import PruneConfig, prune
-
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-rft-") as tmp:
         for family in families:

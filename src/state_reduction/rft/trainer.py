@@ -23,8 +23,14 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+from transformers import AutoTokenizer
+from tqdm.auto import tqdm
 
 from state_reduction.atomic import (
     check_output,
@@ -33,14 +39,18 @@ from state_reduction.atomic import (
     write_json_atomic,
     write_text_atomic,
 )
+from state_reduction.atomic import is_complete
 from state_reduction.backend import install_cpu_backend
-from state_reduction.checkpoints import load_config, load_tokenizer, save_model_atomic
+from state_reduction.checkpoints import load_config, load_model, load_tokenizer, save_model_atomic
+from state_reduction.data import get_corpus_info
+from state_reduction.data.sampler import stream_tokens, tokenizer_fingerprint
 from state_reduction.devices import checkpoint_dtype, compute_dtype
 from state_reduction.models.families import get_adapter
-from state_reduction.results import build_result, model_entry, write_result
+from state_reduction.models.shed import SHED_SUFFIX
+from state_reduction.results import build_result, model_entry, read_result, write_result
 from state_reduction.rft.config import RFTConfig, RFTError, config_diff
 from state_reduction.rft.targets import extra_trainable, resolve_lora_targets
-from state_reduction.training.pretrain import batch_indices
+from state_reduction.training.pretrain import batch_indices, window_nll
 from state_reduction.training.schedule import warmup_cosine
 
 STATE_FILE = "checkpoints/state.pt"
@@ -73,8 +83,6 @@ class DistContext:
     (or a test) set WORLD_SIZE > 1 and none exists yet (gloo on CPU, nccl on CUDA)."""
 
     def __init__(self, cfg: RFTConfig):
-        import torch.distributed as dist
-
         self.dist = dist
         world = int(os.environ.get("WORLD_SIZE", "1"))
         self.created = False
@@ -139,15 +147,11 @@ def load_causal_lm(path: str, what: str, dtype: torch.dtype | str = torch.float3
     """checkpoints.load_model (files, config and finite weights checked; a failure names the file) in `dtype`:
     float32 by default, so that a bf16 checkpoint's trainable parameters (LoRA, norms, biases, convs) keep fp32
     master weights (in bf16, updates of lr 1e-4 round away: issue 22)."""
-    from state_reduction.checkpoints import load_model
-
     return load_model(path, what, dtype=dtype)
 
 
 def check_pair(student, teacher, student_path: str, teacher_path: str) -> None:
     """Teacher and student must be one family with one vocabulary (same logits space)."""
-    from state_reduction.models.shed import SHED_SUFFIX
-
     s, t = student.config, teacher.config
     # a linearized variant (base_model_type) or a student with structures removed (models/shed.py) pairs with its
     # family's dense teacher
@@ -160,13 +164,10 @@ def check_pair(student, teacher, student_path: str, teacher_path: str) -> None:
     if s.vocab_size != t.vocab_size:
         raise RFTError(f"teacher {teacher_path} has vocab_size {t.vocab_size}, student {student_path} has "
                        f"{s.vocab_size}; distillation needs one vocabulary")
-    from state_reduction.data.sampler import tokenizer_fingerprint
 
     fps = []
     for path in (student_path, teacher_path):
         try:
-            from transformers import AutoTokenizer
-
             fps.append(tokenizer_fingerprint(AutoTokenizer.from_pretrained(path)))
         except (OSError, ValueError):
             fps.append(None)
@@ -179,6 +180,7 @@ def build_student(model: nn.Module, cfg: RFTConfig):
     """Wrap `model` with peft LoRA on the family's targets and mark conv/norm/bias params trainable.
 
     Returns the PeftModel; only LoRA and `train_extra` parameters require grad."""
+    # lazy: start-up time (peft only when RFT builds its student)
     from peft import LoraConfig, get_peft_model
 
     targets = resolve_lora_targets(model, cfg.lora_targets)
@@ -230,9 +232,6 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 def shard_fsdp(model: nn.Module, ctx: DistContext) -> nn.Module:
     """FSDP2: shard each decoder layer, then the root (embeddings, head)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     mesh = init_device_mesh(ctx.device.type, (ctx.world,))
     for layer in _decoder_layers(model):
         fully_shard(layer, mesh=mesh)
@@ -244,9 +243,6 @@ def shard_fsdp(model: nn.Module, ctx: DistContext) -> nn.Module:
 
 def finetune_windows(tokenizer, cfg: RFTConfig) -> tuple[torch.Tensor, dict]:
     """Non-overlapping windows [N, seq_len] of the `finetune` streams of cfg.corpora, and their sha256s."""
-    from state_reduction.data import get_corpus_info
-    from state_reduction.data.sampler import stream_tokens
-
     parts, data = [], {}
     need = cfg.steps * cfg.batch_size * cfg.seq_len
     for corpus in cfg.corpora:
@@ -265,9 +261,6 @@ def finetune_windows(tokenizer, cfg: RFTConfig) -> tuple[torch.Tensor, dict]:
 
 
 def heldout_ppl(model, tokenizer, corpora: list[str], seq_len: int) -> dict[str, float]:
-    from state_reduction.data.sampler import stream_tokens
-    from state_reduction.training.pretrain import window_nll
-
     out = {}
     for corpus in corpora:
         tokens = torch.from_numpy(np.asarray(stream_tokens(tokenizer, corpus, "evaluation", split="test"))).long()
@@ -311,6 +304,7 @@ def load_state(path: Path) -> dict:
 
 def _optimizer_state(model, optimizer, ctx: DistContext):
     if ctx.mode == "fsdp":
+        # lazy: start-up time (torch.distributed.checkpoint only for FSDP runs)
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_optimizer_state_dict,
@@ -322,6 +316,7 @@ def _optimizer_state(model, optimizer, ctx: DistContext):
 
 def _load_optimizer_state(model, optimizer, state, ctx: DistContext) -> None:
     if ctx.mode == "fsdp":
+        # lazy: start-up time (torch.distributed.checkpoint only for FSDP runs)
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_optimizer_state_dict,
@@ -338,8 +333,6 @@ class _Logger:
     """tqdm (rare updates off a TTY), log.jsonl and wandb, on the main process only."""
 
     def __init__(self, cfg: RFTConfig, out: Path, ctx: DistContext, start: int):
-        from tqdm.auto import tqdm
-
         self.cfg, self.ctx, self.out = cfg, ctx, out
         self.bar, self.wandb_run = None, None
         if not ctx.main:
@@ -350,6 +343,7 @@ class _Logger:
                         mininterval=0.5 if tty else 30.0, dynamic_ncols=tty, file=sys.stderr)
         mode = cfg.wandb or os.environ.get("WANDB_MODE") or "offline"
         if mode != "disabled":
+            # lazy: start-up time (wandb only for a logged run)
             import wandb
 
             self.wandb_run = wandb.init(project=cfg.wandb_project, mode=mode, config=cfg.to_dict(),
@@ -386,9 +380,6 @@ class _Logger:
 def _prepare_out(cfg: RFTConfig, out: Path, ctx: DistContext) -> dict | None:
     """Refuse to clobber a run. overwrite: start over. resume: return the finished result of the same
     config if there is one (else the checkpoint, if any, is continued)."""
-    from state_reduction.atomic import is_complete
-    from state_reduction.results import read_result
-
     state_path = out / STATE_FILE
     result_path = out / RESULT_FILE
     if cfg.overwrite:  # start over; the finished model and result stay until the new ones replace them
@@ -563,8 +554,6 @@ def _place(cfg: RFTConfig, ctx: DistContext, run: _Run) -> None:
     run.named = sorted((n, p) for n, p in run.model.named_parameters() if p.requires_grad)
     run.wrapped = run.model
     if ctx.mode == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         run.wrapped = DDP(run.model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
     elif ctx.mode == "fsdp":
         shard_fsdp(run.model, ctx)

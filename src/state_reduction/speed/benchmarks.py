@@ -10,18 +10,26 @@ table are in `extra["rows"]`. Backends: fla's Triton kernels on CUDA, the projec
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import platform
 import time
 from dataclasses import asdict
 
+import fla.layers.gated_deltanet as layer_module
 import torch
+from fla.layers import GatedDeltaNet
+from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 from torch import nn
 
+from state_reduction.backend import install_cpu_backend, recurrent_gated_delta_rule_torch
 from state_reduction.errors import Error
-from state_reduction.pruning.selectors import keep_count
-from state_reduction.results import build_result
+from state_reduction.models.families import get_adapter
 from state_reduction.peak_memory import measure_peak_bytes
+from state_reduction.pruning.adapters.gated_deltanet import expand_v_for
+from state_reduction.pruning.selectors import keep_count
+from state_reduction.results import build_result, model_entry
 from state_reduction.speed.models import (
     backend_label,
     check_device,
@@ -69,8 +77,6 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise BenchError(f"device must be cpu or cuda, got {device}")
     if device.type == "cpu":
-        from state_reduction.backend import install_cpu_backend
-
         install_cpu_backend()
     return device
 
@@ -118,9 +124,6 @@ def use_heap_allocations() -> str:
     trimming). By default every freed block above 32 MiB (a [64, 16, 128, 128] fp32 state is 64 MiB) is unmapped
     and the next one page-faults back in, so the torch reference's decode step then measures the kernel's page
     faults as much as state traffic. Process-wide and irreversible: for a dedicated benchmark process."""
-    import ctypes
-    import ctypes.util
-
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     m_trim_threshold, m_mmap_threshold = -1, -3
     if not (libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, (1 << 31) - 1)):
@@ -138,10 +141,7 @@ def amdahl(share: float, speedup: float) -> float:
 
 def _recurrence_fn(device: torch.device):
     if device.type == "cuda":
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-
         return fused_recurrent_gated_delta_rule
-    from state_reduction.backend import recurrent_gated_delta_rule_torch
 
     return recurrent_gated_delta_rule_torch
 
@@ -162,8 +162,6 @@ def _recurrence_inputs(B: int, H: int, K: int, V: int, device, dtype, seed: int)
 @contextlib.contextmanager
 def _time_recurrence_calls(device: torch.device):
     """Accumulate the wall time spent in the gated-delta-rule recurrence that fla's layer calls in decode."""
-    import fla.layers.gated_deltanet as layer_module
-
     original = layer_module.fused_recurrent_gated_delta_rule
     box = {"seconds": 0.0, "calls": 0}
 
@@ -295,10 +293,6 @@ def _level_rows(level: str, vs, samples: dict, K: int, share: float, **more) -> 
 
 def build_mixer(d_k: int, *, hidden_size: int, num_heads: int, d_v: int, device, dtype, seed: int = 0) -> nn.Module:
     """A Gated DeltaNet layer with `d_k` key channels per head and value heads of `d_v` (random weights)."""
-    from fla.layers import GatedDeltaNet
-
-    from state_reduction.pruning.adapters.gated_deltanet import expand_v_for
-
     torch.manual_seed(seed)
     layer = GatedDeltaNet(hidden_size=hidden_size, head_dim=d_k, num_heads=num_heads,
                           expand_v=expand_v_for(d_v, d_k, num_heads), mode="chunk", layer_idx=0)
@@ -378,8 +372,6 @@ def _prepare_models(what, model, models, ratios, keeps, device, dtype, layers, s
     if models is None:
         models, vs, desc = _load_models(model, ratios, keeps, device=device, dtype=dtype, layers=layers, seed=seed)
     else:
-        from state_reduction.models.families import get_adapter
-
         vs = [(label, get_adapter(m).key_heads(m.config)[1]) for label, m in models.items()]
         desc = {"name": model, "d_k": vs[0][1]}
     for label, m in models.items():
@@ -435,8 +427,6 @@ def bench_decode(model: str, *, device="cpu", batches=(1, 2, 4, 8, 16, 32, 64), 
 
 
 def _model_entry(desc: dict) -> dict | None:
-    from state_reduction.results import model_entry
-
     if desc.get("path"):
         return model_entry(desc["path"])
     return {"path": None, "weights_sha256": None, "preset": desc.get("name"), "random_weights": True}

@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
+import torch
+from transformers import AutoConfig
+
+from state_reduction.atomic import write_json_atomic
 from state_reduction.errors import InputError, MissingInputError
+from state_reduction.models import build_config, register_auto_classes
+from state_reduction.models.families import get_adapter
 from state_reduction.options import length_int, nonnegative_int, positive_int
-from state_reduction.provenance import REPO_ROOT
+from state_reduction.provenance import REPO_ROOT, collect_provenance
+from state_reduction.pruning.calibration_cost import bench_calibration, format_calibration
+from state_reduction.results import build_result, results_dir, write_result
+from state_reduction.speed import benchmarks as sb
+from state_reduction.speed.benchmarks import BenchError
+from state_reduction.speed.models import PRESETS
+from state_reduction.speed.state_bytes import DTYPES, parse_bytes, state_memory_rows
+from state_reduction.speed.timing import TimingProtocol
 
 TINY_CHECKPOINTS = REPO_ROOT / "experiments" / "tiny_models" / "checkpoints"
 
@@ -17,14 +31,10 @@ DEFAULT_MODEL = str(TINY_CHECKPOINTS / "gated_deltanet")
 
 
 def _protocol(args):
-    from state_reduction.speed.timing import TimingProtocol
-
     return TimingProtocol(args.warmup, args.steps, args.repeats)
 
 
 def _dtype(name):
-    from state_reduction.speed.state_bytes import DTYPES
-
     if name is None:
         return None
     if name not in DTYPES:
@@ -42,8 +52,6 @@ def _grid(text: str) -> tuple[int, int]:
 
 
 def _out_path(args, record: dict, tag: str) -> Path:
-    from state_reduction.results import results_dir
-
     if args.out:
         return Path(args.out)
     return results_dir(args.profile, "speed", args.results_root) / f"{args.mode.replace('-', '_')}_{tag}_{record['config']['device']}.json"
@@ -87,11 +95,6 @@ def format_rows(record: dict) -> str:
 
 
 def _cmd_bench(args) -> int:
-    import torch
-
-    from state_reduction.results import write_result
-    from state_reduction.speed import benchmarks as sb
-
     torch.set_num_threads(args.threads)
     if args.mode == "calibration":
         return _cmd_calibration(args)
@@ -119,8 +122,6 @@ def _cmd_bench(args) -> int:
                                  protocol=_protocol(args), profile=args.profile)
         tag = _tag(args.model)
     else:
-        from state_reduction.speed.state_bytes import parse_bytes
-
         record = sb.bench_prefill(args.model, device=args.device, grid=tuple(args.grid or ((1, 256), (4, 256), (1, 1024))),
                                   ratios=ratios, keeps=tuple(args.keep or ()), layers=args.layers,
                                   dtype=_dtype(args.dtype), protocol=_protocol(args), profile=args.profile,
@@ -133,16 +134,6 @@ def _cmd_bench(args) -> int:
 
 
 def _state_memory_record(args) -> dict:
-    import time
-
-    from transformers import AutoConfig
-
-    import state_reduction  # noqa: F401
-    from state_reduction.models import build_config, register_auto_classes
-    from state_reduction.results import build_result
-    from state_reduction.speed.state_bytes import parse_bytes, state_memory_rows
-    from state_reduction.speed.models import PRESETS
-
     t0 = time.perf_counter()
     register_auto_classes()
     budget = parse_bytes(args.budget) if args.budget else None
@@ -157,7 +148,6 @@ def _state_memory_record(args) -> dict:
             config = AutoConfig.from_pretrained(name)
         else:
             raise MissingInputError(f"model {name!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint directory")
-        from state_reduction.models.families import get_adapter
 
         K = get_adapter(config).key_heads(config)[1]
         keeps = tuple(k for k in args.keep or () if k <= K)  # with several models, a budget above one's d_k does not apply to it
@@ -187,10 +177,6 @@ def _cmd_pipeline(args) -> int:
 
 
 def _cmd_calibration(args) -> int:
-    from state_reduction.atomic import write_json_atomic
-    from state_reduction.pruning.calibration_cost import bench_calibration, format_calibration
-    from state_reduction.provenance import collect_provenance
-
     rows = bench_calibration(args.model, sizes=args.sizes, seq_len=args.seq_len or 256, batch_size=args.batch_size,
                              corpus=args.calib)
     print(f"calibration + DRRQR (50%), {args.model}, {args.calib} calibration stream, seq_len {args.seq_len or 256}, "
@@ -203,8 +189,6 @@ def _cmd_calibration(args) -> int:
 
 
 def register(sub) -> None:
-    from state_reduction.provenance import REPO_ROOT
-
     be = sub.add_parser("bench", help="benchmarks printing ratios measured side by side in one run",
                         description="decode/prefill: full model (Tables 17, 18); mixer: one Gated DeltaNet layer "
                                     "(Table 19); recurrence: one decode step at recurrence, layer and model level with "
@@ -254,8 +238,6 @@ def register(sub) -> None:
 
 
 def _run(args) -> int:
-    from state_reduction.speed.benchmarks import BenchError
-
     if args.model is None:
         args.model = DEFAULT_MODEL if args.mode != "calibration" else str(TINY_CHECKPOINTS / "deltanet")
     if args.models is None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AutoModelForCausalLM
 
 from state_reduction.errors import InputError, MissingInputError
 from state_reduction.models.families import build_model, speed_presets
@@ -28,10 +29,6 @@ def load_bench_model(model: str, *, layers: int | None = None, dtype: torch.dtyp
                      device: str | torch.device = "cpu", seed: int = 0) -> tuple[nn.Module, dict]:
     """`model` is a preset name (random weights) or a checkpoint directory. Returns the model (eval mode, on
     `device`) and a description for the result file."""
-    from transformers import AutoModelForCausalLM
-
-    import state_reduction  # noqa: F401  (Auto-class registration)
-
     if model in PRESETS:
         family, kwargs = PRESETS[model]
         kwargs = {**kwargs, **_CPU_SAFE}

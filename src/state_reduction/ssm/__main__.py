@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+
+import torch
+import yaml
+from state_reduction.ssm.experiment import render_home, run_home_sweep
+from state_reduction.ssm.train import TrainConfig, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,21 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--profile", default="tiny")
     args = ap.parse_args(argv)
 
-    import torch
     torch.set_num_threads(1)
     if args.command == "train":
-        from pathlib import Path
-
-        import yaml
-
-        from state_reduction.ssm.train import TrainConfig, train
         seeds = args.seed or yaml.safe_load(Path(args.config).read_text())["training_seeds"]
         for seed in seeds:
             out = Path(args.checkpoints) / f"seed{seed}"
             cfg = TrainConfig.from_yaml(args.config, seed=seed)
             record_path = out / "training_record.json"
             if record_path.is_file():
-                import json
                 if json.loads(record_path.read_text())["config_hash"] == cfg.hash():
                     print(f"{out}: trained (config {cfg.hash()})")
                     continue
@@ -47,10 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{out}: test accuracy {record['test_accuracy']:.4f} (majority class "
                   f"{record['test_majority_class_accuracy']:.4f}), {record['wall_time_s']} s", flush=True)
     elif args.command == "sweep":
-        from state_reduction.ssm.experiment import run_home_sweep
         run_home_sweep(args.config, args.checkpoints, args.profile, seeds=args.seed)
     else:
-        from state_reduction.ssm.experiment import render_home
         render_home(args.config, args.profile)
     return 0
 

@@ -24,6 +24,7 @@ from state_reduction.results import build_result, read_result, results_dir, run_
 from state_reduction.ssm.listops import ListOpsSpec, generate_split, split_sha256
 from state_reduction.ssm.scores import METHODS, select_modes
 from state_reduction.ssm.train import accuracy, load_s5
+from state_reduction.stats import mean_ci
 
 EXPERIMENT = "aire_home"
 RATIOS = tuple(round(0.05 * i, 2) for i in range(20))      # 0, 5, ..., 95%
@@ -167,11 +168,10 @@ def _write_summaries(cfg: dict, out_dir: Path, profile: str) -> None:
 def render_home(config_path: str | Path, profile: str = "tiny") -> list[Path]:
     """Figure 6 (accuracy vs fraction removed, mean and 95% CI over training seeds), Figure 7 (each layer's
     removed fraction vs the global ratio, AIRE and LAST) and a Markdown summary table, from the results only."""
+    # lazy: start-up time (matplotlib only when the figures are drawn)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from state_reduction.stats import mean_ci
 
     _check_profile(profile)
     cfg = _config(config_path)

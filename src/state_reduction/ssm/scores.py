@@ -15,6 +15,7 @@ the top floor(total * (1 - ratio)); the uniform budget keeps floor(P * (1 - rati
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable, Sequence
 
@@ -80,7 +81,6 @@ def select_modes(method: str, systems: Sequence[tuple[torch.Tensor, torch.Tensor
                  seed: int = 0) -> list[torch.Tensor]:
     """Keep-masks, one per layer, of `method` at fraction `ratio` of all modes removed."""
     if method not in METHODS:
-        import difflib
         near = difflib.get_close_matches(method, METHODS, n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise ValueError(f"SSM pruning method {method!r} unknown{hint}; known: {', '.join(METHODS)}")

@@ -32,10 +32,15 @@ from tqdm.auto import tqdm
 from state_reduction.atomic import save_torch_atomic, write_json_atomic, write_text_atomic
 from state_reduction.checkpoints import load_run_state
 from state_reduction.checkpoints import save_model_atomic
+from state_reduction.data import get_corpus_info, sample_sequences
+from state_reduction.data.mqar import IGNORE_INDEX, MQARVocab, mqar_mixed_pairs, mqar_sequences
+from state_reduction.data.sampler import stream_tokens
 from state_reduction.errors import InputError
+from state_reduction.evaluation.mqar import mqar_accuracy
 from state_reduction.hashing import config_key
 from state_reduction.models import build_model, get_family
 from state_reduction.provenance import collect_provenance
+from state_reduction.tokenizer import load_tokenizer, tokenizer_hash
 from state_reduction.training.schedule import warmup_cosine
 
 EVAL_CORPORA = ("ptb", "wiki")
@@ -85,8 +90,6 @@ class PretrainConfig:
         return d
 
     def mqar_vocab(self):
-        from state_reduction.data.mqar import MQARVocab
-
         return MQARVocab(**(self.mqar or {}).get("vocab", {}))
 
     def hash(self) -> str:
@@ -99,8 +102,6 @@ MQAR_KEYS = ("batch", "min_pairs", "max_pairs", "vocab", "eval_pairs", "text_wei
 
 
 def _check_mqar_section(path, section: dict) -> None:
-    from state_reduction.data.mqar import MQARVocab
-
     unknown = sorted(set(section) - set(MQAR_KEYS))
     if unknown:
         raise ValueError(f"{path}: unknown mqar keys {unknown}; known: {list(MQAR_KEYS)}")
@@ -119,9 +120,6 @@ def build_training_windows(tokenizer, cfg: PretrainConfig, data_dir=None) -> tup
     """All pretraining-stream windows of the mix, [N, seq_len], and per-corpus token counts.
 
     Each corpus contributes floor(weight * available) windows of its `pretrain` stream."""
-    from state_reduction.data import sample_sequences
-    from state_reduction.data.sampler import stream_tokens
-
     parts, counts = [], {}
     for i, (corpus, weight) in enumerate(sorted(cfg.corpora.items())):
         n_avail = len(stream_tokens(tokenizer, corpus, "pretrain", data_dir=data_dir)) // cfg.seq_len
@@ -176,9 +174,6 @@ def unigram_nll(train_counts: torch.Tensor, tokens: torch.Tensor, seq_len: int) 
 def pretrain(cfg: PretrainConfig, tokenizer_dir: str | Path, out_dir: str | Path, run_dir: str | Path,
              data_dir=None, device: str = "cpu", resume: bool = True) -> dict:
     """Train `cfg`'s model, save it with the tokenizer and a training record to `out_dir`."""
-    from state_reduction.data import get_corpus_info
-    from state_reduction.tokenizer import load_tokenizer, tokenizer_hash
-
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out_dir, run_dir = Path(out_dir), Path(run_dir)
@@ -287,8 +282,6 @@ def train(model, windows: torch.Tensor, cfg: PretrainConfig, run_dir: Path, devi
 
 def mqar_training_batch(step: int, cfg: PretrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Step `step`'s MQAR sequences and labels, [mqar.batch, seq_len] each: a pure function of (seed, step)."""
-    from state_reduction.data.mqar import mqar_mixed_pairs
-
     m = cfg.mqar
     return mqar_mixed_pairs(m["batch"], cfg.seq_len, m["min_pairs"], m["max_pairs"],
                             seed=cfg.seed * 1_000_003 + 7919 * step + 1, vocab=cfg.mqar_vocab())
@@ -300,8 +293,6 @@ def mixed_mqar_loss(model, text: torch.Tensor, step: int, cfg: PretrainConfig) -
 
     One backbone forward over both; the LM head runs only where a position is scored (all text positions, the
     queried keys of MQAR), which keeps an 8192-token head cheap on MQAR rows."""
-    from state_reduction.data.mqar import IGNORE_INDEX
-
     mqar_ids, mqar_labels = mqar_training_batch(step, cfg)
     x = torch.cat([text, mqar_ids.to(text.device)])
     hidden = model.base_model(input_ids=x)[0]  # [B_text + B_mqar, T, D]
@@ -319,8 +310,6 @@ def mixed_mqar_loss(model, text: torch.Tensor, step: int, cfg: PretrainConfig) -
 
 def pretrain_unigram_counts(tokenizer, corpora, data_dir=None) -> torch.Tensor:
     """Token counts [V] of the `pretrain` streams of `corpora`: the unigram baseline's training data."""
-    from state_reduction.data.sampler import stream_tokens
-
     counts = torch.zeros(len(tokenizer), dtype=torch.long)
     for corpus in sorted(corpora):
         tokens = torch.from_numpy(stream_tokens(tokenizer, corpus, "pretrain", data_dir=data_dir))
@@ -330,8 +319,6 @@ def pretrain_unigram_counts(tokenizer, corpora, data_dir=None) -> torch.Tensor:
 
 def evaluate_against_unigram(model, tokenizer, cfg: PretrainConfig, data_dir=None) -> dict:
     """Held-out token perplexity on ptb/wiki test next to an add-one unigram model of the pretraining streams."""
-    from state_reduction.data.sampler import stream_tokens
-
     counts = pretrain_unigram_counts(tokenizer, cfg.corpora, data_dir=data_dir)
     report = {}
     for corpus in EVAL_CORPORA:
@@ -351,9 +338,6 @@ MQAR_EVAL_QUERIES = 2048
 @torch.no_grad()
 def evaluate_mqar_recall(model, cfg: PretrainConfig) -> dict:
     """MQAR accuracy at the training length for each of `mqar.eval_pairs` (>= MQAR_EVAL_QUERIES queries each)."""
-    from state_reduction.data.mqar import mqar_sequences
-    from state_reduction.evaluation.mqar import mqar_accuracy
-
     report = {}
     for n_pairs in cfg.mqar.get("eval_pairs", [cfg.mqar["max_pairs"]]):
         n = -(-MQAR_EVAL_QUERIES // n_pairs)

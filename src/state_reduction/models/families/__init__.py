@@ -108,6 +108,7 @@ def register_auto_classes() -> None:
         return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
+        # lazy: imported under the Triton warning filter above
         import fla.models  # noqa: F401  (registers delta_net, gated_deltanet, and fla's mamba2)
     for family in list(FAMILIES.values()):
         _register_auto(family, [f for f in MODEL_TYPES.values() if f.base == family.name])

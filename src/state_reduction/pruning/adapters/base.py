@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.activations import ACT2FN
 
 from state_reduction.errors import InputError, UnsupportedError
 from state_reduction.pruning.types import KeyChannelAdapter, KeyChannelSelection, MixerRef
@@ -157,7 +158,6 @@ class FusedQKAdapter(KeyChannelAdapter):
             handles.append(proj.register_forward_pre_hook(lambda m, args: on_input(args[0])))
         if on_qk is None:
             return handles
-        from transformers.activations import ACT2FN
 
         context = {}
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from state_reduction.errors import InputError
+from state_reduction.models.shared_conv import SharedShortConvolution
 from state_reduction.pruning.adapters.base import (
     check_selection,
     cut_rows,
@@ -132,6 +133,7 @@ class DeltaNetAdapter(FlaKeyChannelAdapter):
         return config.num_heads, key_dim // config.num_heads
 
     def post_conv_activation(self, mixer: nn.Module):
+        # lazy: this module loads while the package registers its families, before fla's CPU warning is filtered
         from fla.modules.activations import elu_p1
 
         if mixer.use_short_conv and mixer.qk_activation == "silu":
@@ -167,8 +169,6 @@ class SharedConvDeltaNetAdapter(DeltaNetAdapter):
     family = "DeltaNet (shared conv)"
 
     def cut_conv(self, conv: nn.Module, selection: KeyChannelSelection, heads: int) -> None:
-        from state_reduction.models.shared_conv import SharedShortConvolution
-
         if isinstance(conv, SharedShortConvolution):
             conv.set_channels(heads * selection.kept)
         else:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
 
 from state_reduction.pruning.adapters.base import FusedQKAdapter, find_mixers
 from state_reduction.pruning.adapters.structure import StructureLayout
@@ -35,8 +36,6 @@ class Mamba2Adapter(FusedQKAdapter):
     structure = StructureLayout(layers="backbone.layers", mixers={"mixer": "tensor"}, mlp=None)
 
     def mixers(self, model: nn.Module) -> Iterator[MixerRef]:
-        from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
-
         return find_mixers(model, Mamba2Mixer, "Mamba-2")
 
     def key_heads(self, config) -> tuple[int, int]:

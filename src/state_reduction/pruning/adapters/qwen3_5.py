@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
 from state_reduction.pruning.adapters.base import FusedQKAdapter, find_mixers
 from state_reduction.pruning.adapters.structure import StructureLayout
@@ -33,8 +34,6 @@ class Qwen3_5Adapter(FusedQKAdapter):
                                 layer_types="layer_types", recurrent_type="linear_attention")
 
     def mixers(self, model: nn.Module) -> Iterator[MixerRef]:
-        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
-
         return find_mixers(model, Qwen3_5GatedDeltaNet, "Qwen3.5")
 
     def key_heads(self, config) -> tuple[int, int]:
