@@ -121,6 +121,7 @@ def test_submit_dry_run_submits_only_unfinished_tasks(tmp_path, monkeypatch):
     assert "--array=1,2" in info["command"] and (tmp_path / "s.sbatch").is_file()
 
 
+@pytest.mark.slow
 def test_run_task_records_script_config_and_status_and_matches_run_table(tmp_path, monkeypatch):
     """One array element's work, as Slurm runs it: its run folder keeps the exact script, the resolved configs
     with their keys and its state; a later local run-table finds its results finished (same keys)."""
@@ -177,6 +178,7 @@ def test_unknown_task_gets_did_you_mean():
         slurm.run_task_main(CI_EXPERIMENT, "deltanet-l1-r5", "tiny")
 
 
+@pytest.mark.slow
 def test_rft_stage_under_torchrun_runs_ddp_and_writes_once(tmp_path, monkeypatch):
     """What a multi-GPU array element does for RFT (template: torchrun ... run-task --stages rft), on 2 gloo CPU
     processes: DDP over both, one result written by rank 0, the run folder updated."""

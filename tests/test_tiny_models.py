@@ -56,6 +56,7 @@ def test_every_committed_checkpoint_belongs_to_a_family():
     assert set(TEXT_MODELS) <= committed, "every family names a committed text checkpoint"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TEXT_MODELS))
 def test_checkpoint_loads_and_beats_unigram_by_3x(name, tokenizer, unigram_counts):
     install_cpu_backend()

@@ -44,6 +44,7 @@ def sweep(tmp_path_factory):
     mp.undo()
 
 
+@pytest.mark.slow
 def test_every_result_is_one_offline_run_with_its_tags_config_and_metrics(sweep):
     runs = {r["name"]: r for r in map(tracking.read_offline_run, tracking.offline_runs("tiny", sweep["root"]))}
     assert len(sweep["mirrored"]) == 2  # the benchmarks; the sweep mirrored its own results as it wrote them

@@ -45,6 +45,7 @@ def _rows(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_every_task_runs_with_finite_metrics(result):
     m = result["metrics"]
     assert result["tasks"] == list(TINY_METRICS)

@@ -73,6 +73,7 @@ def test_heap_peak_sees_a_known_allocation():
     assert 16 * 2**20 <= peak.peak < 20 * 2**20
 
 
+@pytest.mark.slow
 def test_streaming_lowers_the_grad_activation_peak():
     config = {"hidden_size": 64, "num_hidden_layers": 6, "num_heads": 2, "expand_k": 1.0, "expand_v": 1.0,
               "conv_size": 4, "vocab_size": 32, "fuse_cross_entropy": False}

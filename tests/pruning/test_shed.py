@@ -232,6 +232,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_gives_the_same_order(tmp_path):
     state = tmp_path / "search"
     # the child imports test_shed: this folder goes on its PYTHONPATH

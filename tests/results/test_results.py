@@ -97,6 +97,7 @@ SWEEP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_resumes_without_losing_or_repeating_finished_cells(tmp_path):
     script, out, log = tmp_path / "sweep.py", tmp_path / "out", tmp_path / "started.log"
     script.write_text(SWEEP_SCRIPT)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from state_reduction.rft import run_rft
@@ -28,6 +29,7 @@ def _close(a: dict, b: dict) -> None:
     assert diff <= 1e-5, diff
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_ddp_and_fsdp_match_one_process(tmp_path, pruned_deltanet, dense_deltanet, small_config):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

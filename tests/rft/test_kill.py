@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from state_reduction.rft.trainer import RESULT_FILE, STATE_FILE
@@ -20,6 +21,7 @@ def command(student, teacher, out, *extra):
             *SETTINGS, *extra]
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, pruned_deltanet, dense_deltanet):
     env = dict(os.environ, WANDB_MODE="disabled")
     killed = tmp_path / "killed"
