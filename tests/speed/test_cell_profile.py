@@ -31,6 +31,11 @@ def test_the_recorder_sees_every_forward_and_restores_the_model():
         model(torch.zeros(1, 3))
     assert len(inputs) == len(seconds) == 2 and inputs[0].shape == (2, 3)
     assert "forward" not in vars(model)
+    hook = model.forward  # a bound method set on the instance (as hooks do) is put back, not deleted
+    model.forward = hook
+    with forward_recorder(model):
+        model(torch.ones(1, 3))
+    assert vars(model)["forward"] is hook
     seen = []
     assert bare_forward_seconds(lambda input_ids: seen.append(input_ids), inputs) >= 0
     assert seen == inputs  # the replay feeds the recorded batches, in order

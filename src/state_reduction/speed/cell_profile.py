@@ -42,6 +42,7 @@ def forward_recorder(model):
     """Record every forward call of `model`: its input_ids and the wall seconds it took (yields the two lists)."""
     inputs, seconds = [], []
     original = model.forward
+    shadowed = vars(model).get("forward")  # an instance attribute already there (e.g. a hook), put back after
 
     def timed(*args, **kwargs):
         t0 = time.perf_counter()
@@ -56,7 +57,10 @@ def forward_recorder(model):
     try:
         yield inputs, seconds
     finally:
-        del model.forward  # the instance attribute shadowed the class's method
+        if shadowed is None:
+            del model.forward  # our instance attribute shadowed the class's method
+        else:
+            model.forward = shadowed
 
 
 def bare_forward_seconds(model, inputs: list[torch.Tensor]) -> float:
