@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
 import sys
 import warnings
 from pathlib import Path
+
+import tqdm.std as tqdm_std
 
 from state_reduction import tracking, wandb_workspace
 from state_reduction.atomic import publish_folder
@@ -294,10 +297,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Off a terminal (make, Slurm and CI logs) every progress bar, lm-eval's included, redraws at most every 30 s.
+QUIET_PROGRESS_INTERVAL_S = 30.0
+
+
+def quiet_progress_off_tty(stream=None) -> None:
+    """Give every tqdm bar created from now on a 30 s default redraw interval when `stream` (stderr) is not a
+    terminal. tqdm reads TQDM_* variables once, when it is imported, as a partialmethod over `tqdm.__init__`;
+    this adds one more default the same way. Bars that pass mininterval, and a TQDM_MININTERVAL the user set,
+    win; calling it twice changes nothing more."""
+    stream = sys.stderr if stream is None else stream
+    if (hasattr(stream, "isatty") and stream.isatty()) or "TQDM_MININTERVAL" in os.environ:
+        return
+    init = tqdm_std.tqdm.__init__
+    if getattr(init, "keywords", {}).get("mininterval") == QUIET_PROGRESS_INTERVAL_S:
+        return
+    tqdm_std.tqdm.__init__ = functools.partialmethod(init, mininterval=QUIET_PROGRESS_INTERVAL_S)
+
+
 def main(argv=None) -> int:
     """Expected failures (errors.Error: bad input, damaged file, unwritable output) print one line and return 2;
     anything else is a bug and propagates with its traceback (exit 1)."""
     args = build_parser().parse_args(argv)
+    quiet_progress_off_tty()
     where = f"state-reduction {args.command}"
     show = warnings.showwarning
     warnings.showwarning = lambda message, category, *rest, **kw: print(

@@ -1,0 +1,46 @@
+"""Progress bars off a terminal: the CLI gives tqdm a 30 s default redraw interval, so lm-eval's bars (which
+the project does not create) stop flooding make, Slurm and CI logs."""
+
+import io
+import time
+
+import pytest
+import tqdm.std as tqdm_std
+
+from state_reduction.cli import QUIET_PROGRESS_INTERVAL_S, quiet_progress_off_tty
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.fixture
+def fresh_tqdm(monkeypatch):
+    monkeypatch.setattr(tqdm_std.tqdm, "__init__", tqdm_std.tqdm.__init__)
+    monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
+
+
+def _redraws(**kw) -> int:
+    out = io.StringIO()
+    for _ in tqdm_std.tqdm(range(60), file=out, **kw):
+        time.sleep(0.01)
+    return out.getvalue().count("\r")
+
+
+def test_off_a_terminal_bars_redraw_only_at_start_and_end(fresh_tqdm):
+    loud = _redraws(mininterval=0.05)
+    quiet_progress_off_tty(io.StringIO())
+    quiet_progress_off_tty(io.StringIO())
+    bar = tqdm_std.tqdm(range(3), file=io.StringIO())
+    assert bar.mininterval == QUIET_PROGRESS_INTERVAL_S
+    assert _redraws() <= 3 < loud
+    assert tqdm_std.tqdm(range(3), file=io.StringIO(), mininterval=0.5).mininterval == 0.5
+
+
+def test_on_a_terminal_or_with_a_users_interval_nothing_changes(fresh_tqdm, monkeypatch):
+    quiet_progress_off_tty(_Terminal())
+    assert tqdm_std.tqdm(range(3), file=io.StringIO()).mininterval == 0.1
+    monkeypatch.setenv("TQDM_MININTERVAL", "2")
+    quiet_progress_off_tty(io.StringIO())
+    assert tqdm_std.tqdm(range(3), file=io.StringIO()).mininterval == 0.1  # tqdm read it at import, not here
