@@ -25,6 +25,8 @@ from paper_tables import writers
 from paper_tables.collect import CELL, results_frame, runs
 from paper_tables.writers import fmt as _fmt
 from state_reduction.pipeline import load_experiment, profile_spec, table_cells
+from state_reduction.pipeline.spec import table_seeds
+from state_reduction.stats import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECT_NAMES = {"kq": "K,Q", "k": "K", "q": "Q"}
@@ -49,6 +51,19 @@ class AblationTable:
         self.missing = [f"{m}-baseline-r0-eval" for m in self.models if self.get(m, "baseline", 0.0, ()) is None]
         self.missing += [f"{c.name}-eval-pre" for c in self.cells if self.get(c.model, c.method, c.ratio, c.vary) is None]
         self.paper = reference_rows(table)
+        self.seeds = table_seeds(self.spec, table, profile)
+        self.replicate_counts: set[int] = set()
+
+    def replicated(self, model, method, ratio, **settings) -> tuple[float | None, float | None, int]:
+        """Mean, 95% t half-width (None below two replicates) and count over the table's replicate seeds of the
+        cell with these pruning settings; a setting that names its own seed is that one draw."""
+        seeds = [settings.get("seed")] if settings.get("seed") is not None else self.seeds
+        vals = [self.get(model, method, ratio, self.our_vary(**{**settings, "seed": s})) for s in seeds]
+        present = [v for v in vals if v is not None]
+        if not present:
+            return None, None, 0
+        ci = mean_ci(present)
+        return ci.mean, ci.half_width, len(present)
 
     def get(self, model, method, ratio, vary=()):
         ratio, vary = (0.0, ()) if method == "baseline" else (ratio, vary)
@@ -123,12 +138,15 @@ def layout_calibration(t: AblationTable):
     rows, paper_rows, columns = [], [], {"drrqr": [], "grad": []}
     for calib, n, seed in settings:
         ours_calib = corpora.get(calib, calib)
-        vary = t.our_vary(calib=ours_calib, n_calib=n, seed=seed)
-        vals = [t.get(m, meth, t.cells[0].ratio, vary) for m in t.models for meth in ("drrqr", "grad")]
+        cells = [t.replicated(m, meth, t.cells[0].ratio, calib=ours_calib, n_calib=n, seed=seed)
+                 for m in t.models for meth in ("drrqr", "grad")]
+        vals = [c[0] for c in cells]
+        t.replicate_counts.update(c[2] for c in cells if c[2])
         for meth, v in zip(("drrqr", "grad"), vals):
             columns[meth].append(v)
         marks = [m if m == "best" else "" for m in rank_marks(vals, True)]
-        rows.append([_calibration_label(ours_calib, n, seed, with_n)] + list(zip(vals, marks)))
+        rows.append([_calibration_label(ours_calib, n, seed, with_n)]
+                    + [(v, mark) if hw is None else (v, mark, hw) for (v, hw, _), mark in zip(cells, marks)])
         paper = {r["method"]: r["wiki_ppl"] for r in t.paper if (r["calib"], r.get("n_calib", 128), r.get("seed")) == (calib, n, seed)}
         paper_rows.append([_calibration_label(calib, n, seed, with_n), _calibration_label(ours_calib, n, seed, with_n),
                            _fmt(vals[0]), _fmt(paper.get("drrqr")), _fmt(vals[1]), _fmt(paper.get("grad"))])
@@ -151,6 +169,17 @@ def spread(values) -> float | None:
 
 
 LAYOUTS = {"table2": layout_calibration, "table7": layout_calibration, "table16": layout_coupled}
+
+
+def replicate_caption(t: AblationTable) -> str:
+    """What the ± means, when some cell has two or more replicates ("" otherwise: single-draw output unchanged)."""
+    if not t.replicate_counts or max(t.replicate_counts) < 2:
+        return ""
+    counts = sorted(t.replicate_counts)
+    n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return (f"\nMean ± half-width of the 95% t-interval over {n} calibration draws per cell (seeds "
+            f"{', '.join(map(str, t.seeds))}); a row that names its seed is that one draw. The spread row is max/min "
+            f"of the means.\n")
 
 
 def to_latex(t: AblationTable, header, rows) -> str:
@@ -177,7 +206,7 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
     """Tables only (no figure): `figures_root` is accepted for the common renderer command line."""
     t = AblationTable(table, profile, experiment, results_root)
     header, rows, paper_header, paper_rows = LAYOUTS[table](t)
-    md = to_markdown(header, rows)
+    md = to_markdown(header, rows) + replicate_caption(t)
     written = write_outputs(table, profile, out_root, to_latex(t, header, rows), md,
                             comparison(t, paper_header, paper_rows))
     if not quiet:

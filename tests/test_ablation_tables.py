@@ -68,7 +68,10 @@ def test_calibration_tables_vary_corpus_count_and_seed_per_profile():
     assert len(cells) == 2 * 8
     assert "deltanet-grad-r75-n_512" in {c.name for c in cells} and "deltanet-drrqr-r75-seed_111" in {c.name for c in cells}
     _, t2, _ = table_cells(spec, "table2", "tiny")
-    assert set(t2) < set(cells)  # Table 2's cells are Table 7's corpus rows: one set of runs
+    # Table 2 replicates its three corpus rows over three calibration draws; its first draw is Table 7's corpus
+    # rows (one set of runs)
+    assert len(t2) == 2 * 3 * 3 and {dict(c.vary).get("seed") for c in t2} == {None, 111, 1234}
+    assert {c for c in t2 if "seed" not in dict(c.vary)} < set(cells)
 
 
 def test_a_varied_cell_prunes_with_its_overrides_under_its_own_key():
@@ -138,4 +141,21 @@ def test_table2_maps_the_paper_corpora_onto_the_offline_domains(tmp_path):
     assert body[3] == ["spread (max/min)", "1.050", "1.333"]
     cmp = out["vs_paper"].read_text()
     assert "| PG19 | wiki | 41.0 | 41.5 | 60.0 | 53.8 |" in cmp.replace("pg19", "PG19")
-    assert out["missing"] == ["deltanet-baseline-r0-eval", "deltanet-grad-r75-cal_books-eval-pre"]
+    assert out["missing"][0] == "deltanet-baseline-r0-eval" and "deltanet-grad-r75-cal_books-eval-pre" in out["missing"]
+    assert "deltanet-drrqr-r75-cal_books-seed_111-eval-pre" in out["missing"]  # the replicates not run yet
+    assert "±" not in out["md"].read_text()  # one draw per cell: no interval
+
+
+def test_table2_shows_the_mean_and_interval_over_the_calibration_draws(tmp_path):
+    results = tmp_path / "results"
+    for seed, (drrqr, grad) in {42: (40.0, 45.0), 111: (42.0, 47.0), 1234: (44.0, 49.0)}.items():
+        vary = None if seed == 42 else {"seed": seed}
+        put(results, "calibration_sensitivity", "deltanet", "drrqr", 0.75, drrqr, vary)
+        put(results, "calibration_sensitivity", "deltanet", "grad", 0.75, grad, vary)
+    put(results, "calibration_sensitivity", "deltanet", "drrqr", 0.75, 41.0, {"calib": "wiki"})
+    out = ablation_tables.render("table2", "tiny", results_root=results, out_root=tmp_path / "out", quiet=True)
+    body = rows(out["md"])
+    # mean 42, half-width t(0.975, 2) * 2 / sqrt(3) = 4.97; a corpus with one draw shows it alone
+    assert body[0] == ["ptb", "**42.0 ± 5.0**", "47.0 ± 5.0"] and body[1] == ["wiki", "**41.0**", "--"]
+    assert "over 1-3 calibration draws per cell (seeds 42, 111, 1234)" in out["md"].read_text()
+    assert "\\textbf{42.0{\\scriptsize$\\pm$5.0}}" in out["tex"].read_text()
