@@ -2,6 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from state_reduction.backend.delta_rule import STATE_BUFFERS, StateBuffers
 from state_reduction.backend.gated_delta_rule import chunk_gated_delta_rule_torch, recurrent_gated_delta_rule_torch
 
 ATOL = 1e-10
@@ -167,3 +168,60 @@ def test_inplace_inference_scan_equals_the_autograd_scan_and_leaves_h0_alone(T, 
     assert ht_fast.shape == ht_ref.shape == h0.shape
     torch.testing.assert_close(o_fast, o_ref.detach(), atol=1e-12, rtol=0)
     torch.testing.assert_close(ht_fast, ht_ref.detach(), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize('v_first', [True, False])
+def test_inplace_scan_equals_the_loop_with_folded_and_unfoldable_decays(v_first):
+    """The folded decay (e^-g into the rank-1 vector, issue 20) and its fallback when e^g < MIN_FOLDED_DECAY (a step
+    with a gate of -80) both equal the plain S_t = e^g S_{t-1} (I - b k k^T) + b v k^T loop."""
+    x = make_inputs(T=6, HV=2, H=2)
+    g = -x['A_log'].exp() * F.softplus(x['a'] + x['dt_bias'])
+    g[:, 3, 0] = -80.0  # e^-80 < 2^-60 for one head of every sequence: that token takes the unfolded update
+    beta = x['b'].sigmoid()
+    q, k = (F.normalize(x[n], dim=-1, eps=0) for n in ('q', 'k'))
+    h0 = x['h0'].transpose(-1, -2).contiguous() if v_first else x['h0']
+    o, ht = recurrent_gated_delta_rule_torch(q, k, x['v'], g=g, beta=beta, initial_state=h0, output_final_state=True,
+                                             state_v_first=v_first)
+    o_loop, ht_loop = loop_gated_delta_rule(q, k, x['v'], g, beta, x['h0'], scale=q.shape[-1] ** -0.5)
+    torch.testing.assert_close(o, o_loop, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ht.transpose(-1, -2) if v_first else ht, ht_loop, atol=ATOL, rtol=0)
+
+
+def test_state_buffers_are_reused_only_once_nothing_holds_them():
+    pool = StateBuffers(max_bytes=2 * 64 * 8, min_bytes=0)
+    shape, cpu = torch.Size((2, 4, 8)), torch.device('cpu')
+    a = pool.empty(shape, torch.float64, cpu)
+    first = a.untyped_storage().data_ptr()
+    view = a[1]
+    del a
+    b = pool.empty(shape, torch.float64, cpu)  # a view of the first is alive: a second buffer
+    assert b.untyped_storage().data_ptr() != first
+    del view
+    c = pool.empty(shape, torch.float64, cpu)
+    assert c.untyped_storage().data_ptr() == first and c.shape == shape and c.is_contiguous()
+    d = pool.empty(shape, torch.float64, cpu)  # both held and max_bytes reached: a fresh buffer, not kept
+    assert pool.held_bytes() == 2 * 64 * 8 and len({x.untyped_storage().data_ptr() for x in (b, c, d)}) == 3
+
+
+def test_decode_states_do_not_alias_across_steps():
+    """Two consecutive decode calls with pooled buffers: the second's final state is a different buffer from the
+    state it read, and the first call's state, still held, is unchanged."""
+    x = make_inputs(T=1, HV=2, H=2)
+    kwargs = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=True)
+    STATE_BUFFERS.clear()
+    pool_min = STATE_BUFFERS.min_bytes
+    STATE_BUFFERS.min_bytes = 0
+    try:
+        _, s1 = recurrent_gated_delta_rule_torch(x['q'], x['k'], x['v'], g=-x['a'].abs(), beta=x['b'].sigmoid(),
+                                                 initial_state=x['h0'].transpose(-1, -2).contiguous(), **kwargs)
+        keep = s1.clone()
+        _, s2 = recurrent_gated_delta_rule_torch(x['q'], x['k'], x['v'], g=-x['a'].abs(), beta=x['b'].sigmoid(),
+                                                 initial_state=s1, **kwargs)
+        assert s2.data_ptr() != s1.data_ptr() and torch.equal(s1, keep)
+        del s1, keep
+        _, s3 = recurrent_gated_delta_rule_torch(x['q'], x['k'], x['v'], g=-x['a'].abs(), beta=x['b'].sigmoid(),
+                                                 initial_state=s2, **kwargs)
+        assert s3.data_ptr() != s2.data_ptr()
+    finally:
+        STATE_BUFFERS.min_bytes = pool_min
+        STATE_BUFFERS.clear()

@@ -168,8 +168,34 @@ def test_cli_registers_rft_and_bench_rft():
     assert args.rank == 8 and args.overrides == ["kd_weight=0.5"]
     args = build_parser().parse_args(["bench-rft", "--families", "deltanet,mamba2"])
     assert args.families == ["deltanet", "mamba2"]
-    row = {"family": "deltanet", "teacher": True, "tokens_per_s": 1000.0, "peak_rss_bytes": 2**29, "final_loss": 5.0}
+    row = {"family": "deltanet", "teacher": True, "tokens_per_s": 1000.0, "peak_rss_bytes": 2**29, "final_loss": 5.0,
+           "step_s": 0.5, "bare_step_s": 0.4, "fraction_of_bare": 0.8}
     assert "deltanet" in format_rft_bench([row]) and "512.0" in format_rft_bench([row])
+    assert "0.80" in format_rft_bench([row])
+
+
+def test_bare_step_is_the_student_forward_backward_and_the_teacher_forward(tmp_path, pruned_deltanet, dense_deltanet,
+                                                                          small_config, monkeypatch):
+    """The RFT efficiency's denominator (issue 20 part 4) runs each model once per repetition (plus one warm-up) on
+    batches of the run's shape, trains nothing, and leaves the run's own folder alone."""
+    from state_reduction.rft.throughput import bare_step_seconds
+
+    calls = []
+    original = torch.nn.Module.__call__
+
+    def spy(self, *args, **kwargs):
+        if "input_ids" in kwargs and type(self).__name__.endswith("ForCausalLM"):
+            calls.append((torch.is_grad_enabled(), tuple(kwargs["input_ids"].shape)))
+        return original(self, *args, **kwargs)
+
+    cfg = small_config(pruned_deltanet, dense_deltanet, str(tmp_path / "run"))
+    monkeypatch.setattr(torch.nn.Module, "__call__", spy)
+    seconds = bare_step_seconds(cfg, 2)
+    monkeypatch.undo()
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+    assert calls.count((False, (cfg.batch_size, cfg.seq_len))) == 3  # the teacher, no grad
+    assert calls.count((True, (cfg.batch_size, cfg.seq_len))) == 3  # the student with LoRA
+    assert not (tmp_path / "run").exists()
 
 
 def test_micro_batches_accumulate_to_the_full_batch(tmp_path, pruned_deltanet, dense_deltanet, small_config):

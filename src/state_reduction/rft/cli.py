@@ -71,6 +71,8 @@ def _cmd_bench_rft(args) -> int:
         metrics = {f"{r['family']}_{'teacher' if r['teacher'] else 'ce_only'}_tokens_per_s": r["tokens_per_s"] for r in rows}
         metrics.update({f"{r['family']}_{'teacher' if r['teacher'] else 'ce_only'}_peak_rss_bytes": r["peak_rss_bytes"]
                         for r in rows})
+        metrics.update({f"{r['family']}_{'teacher' if r['teacher'] else 'ce_only'}_fraction_of_bare": r["fraction_of_bare"]
+                        for r in rows})
         write_result(args.out, build_result("bench", profile="tiny", experiment="rft_bench", config=config,
                                             metrics=metrics, wall_time_s=time.time() - t0, extra={"rows": rows}))
     return 0
