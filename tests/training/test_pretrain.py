@@ -165,3 +165,22 @@ def test_decay_half_life_is_checked_and_keeps_other_identities(tmp_path):
     path.write_text(yaml.safe_dump(dict(name="t", family=no_gate, model={}, decay_half_life=[8, 16])))
     with pytest.raises(InputError, match=rf"family '{no_gate}' has no decay gate.*gated_deltanet"):
         PretrainConfig.from_yaml(path)
+
+
+def test_pair_count_curriculum_draws_few_pairs_before_start_steps(tmp_path):
+    import yaml
+
+    from state_reduction.data.mqar import IGNORE_INDEX
+    from state_reduction.training.pretrain import mqar_training_batch
+
+    cfg = _cfg(seq_len=32, mqar={**MQAR, "batch": 64, "min_pairs": 1, "max_pairs": 4, "start_max_pairs": 2,
+                                 "start_steps": 4, "vocab": {**MQAR["vocab"], "n_keys": 8}})
+    queried = [(mqar_training_batch(s, cfg)[1] != IGNORE_INDEX).sum(1) for s in range(8)]
+    assert all(q.min() >= 1 and q.max() <= 2 for q in queried[:4])
+    assert max(q.max() for q in queried[4:]) > 2
+    path = tmp_path / "c.yaml"
+    for bad, message in [({"start_max_pairs": 3}, "go together"), ({"start_max_pairs": 9, "start_steps": 4},
+                                                                   r"must lie in \[min_pairs, max_pairs\]")]:
+        path.write_text(yaml.safe_dump(dict(name="t", family="mamba2", model=MAMBA2, mqar={**MQAR, **bad})))
+        with pytest.raises(InputError, match=message):
+            PretrainConfig.from_yaml(path)

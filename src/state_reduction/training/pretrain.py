@@ -104,7 +104,8 @@ class PretrainConfig:
         return config_key(d)
 
 
-MQAR_KEYS = ("batch", "min_pairs", "max_pairs", "vocab", "eval_pairs", "text_weight", "text_from_step")
+MQAR_KEYS = ("batch", "min_pairs", "max_pairs", "vocab", "eval_pairs", "text_weight", "text_from_step",
+             "start_max_pairs", "start_steps")
 
 
 def _check_mqar_section(path, section: dict) -> None:
@@ -114,6 +115,12 @@ def _check_mqar_section(path, section: dict) -> None:
     missing = [k for k in ("batch", "min_pairs", "max_pairs") if k not in section]
     if missing:
         raise ValueError(f"{path}: mqar section lacks {missing}")
+    if ("start_max_pairs" in section) != ("start_steps" in section):
+        raise InputError(f"{path}: mqar.start_max_pairs and mqar.start_steps go together (the pair-count "
+                         f"curriculum), got only {[k for k in ('start_max_pairs', 'start_steps') if k in section]}")
+    if "start_max_pairs" in section and not section["min_pairs"] <= section["start_max_pairs"] <= section["max_pairs"]:
+        raise InputError(f"{path}: mqar.start_max_pairs must lie in [min_pairs, max_pairs] = "
+                         f"[{section['min_pairs']}, {section['max_pairs']}], got {section['start_max_pairs']}")
     MQARVocab(**section.get("vocab", {}))
 
 
@@ -300,9 +307,12 @@ def train(model, windows: torch.Tensor, cfg: PretrainConfig, run_dir: Path, devi
 
 
 def mqar_training_batch(step: int, cfg: PretrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step `step`'s MQAR sequences and labels, [mqar.batch, seq_len] each: a pure function of (seed, step)."""
+    """Step `step`'s MQAR sequences and labels, [mqar.batch, seq_len] each: a pure function of (seed, step).
+
+    Before step `mqar.start_steps` the pairs are drawn from [min_pairs, start_max_pairs] (a pair-count curriculum)."""
     m = cfg.mqar
-    return mqar_mixed_pairs(m["batch"], cfg.seq_len, m["min_pairs"], m["max_pairs"],
+    max_pairs = m["start_max_pairs"] if step < m.get("start_steps", 0) else m["max_pairs"]
+    return mqar_mixed_pairs(m["batch"], cfg.seq_len, m["min_pairs"], max_pairs,
                             seed=cfg.seed * 1_000_003 + 7919 * step + 1, vocab=cfg.mqar_vocab())
 
 
