@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from state_reduction.checkpoints import RunStateError
-from state_reduction.models import build_model
+from state_reduction.errors import InputError
+from state_reduction.models import FAMILIES, build_model
 from state_reduction.training.pretrain import PretrainConfig, batch_indices, lr_factor, train, unigram_nll, window_nll
 
 MAMBA2 = dict(hidden_size=32, num_hidden_layers=2, state_size=16, n_groups=2, expand=2, head_dim=16, num_heads=4,
@@ -131,3 +132,55 @@ def test_unknown_mqar_keys_are_named(tmp_path):
     path.write_text(yaml.safe_dump(dict(name="t", family="mamba2", model=MAMBA2, mqar={"batch": 2, "pairs": 3})))
     with pytest.raises(ValueError, match=r"unknown mqar keys \['pairs'\]"):
         PretrainConfig.from_yaml(path)
+
+
+@pytest.mark.parametrize("family", sorted(f.name for f in FAMILIES.values() if f.decay_init is not None))
+def test_decay_half_life_sets_every_head_and_nothing_else(family):
+    from state_reduction.models.families.decay_init import decay_modules, initial_half_lives
+
+    stock = build_model(family, FAMILIES[family].test_config, seed=0)
+    model = build_model(family, FAMILIES[family].test_config, seed=0)
+    n = FAMILIES[family].decay_init(model, 20.0, 80.0, seed=1)
+    heads = torch.cat(initial_half_lives(model))
+    assert n == heads.numel() > 0 and len(decay_modules(model)) > 0
+    assert heads.min() >= 20.0 * (1 - 1e-9) and heads.max() <= 80.0 * (1 + 1e-9)
+    # the decay the layer computes at a = 0 keeps half of the state after h tokens
+    m = decay_modules(model)[0]
+    rate = m.A_log.double().exp().flatten() * torch.nn.functional.softplus(m.dt_bias.double()).flatten()
+    assert torch.allclose(torch.exp(-rate * initial_half_lives(model)[0]), torch.full_like(rate, 0.5))
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, stock.state_dict()[k])}
+    assert changed and all(k.endswith(("A_log", "dt_bias")) for k in changed), changed
+
+
+def test_decay_half_life_is_checked_and_keeps_other_identities(tmp_path):
+    import yaml
+
+    assert "decay_half_life" not in _cfg().to_dict()
+    assert _cfg().hash() != _cfg(decay_half_life=(8.0, 16.0)).hash()
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(dict(name="t", family="mamba2", model=MAMBA2, decay_half_life=[16, 8])))
+    with pytest.raises(InputError, match=r"decay_half_life must be \[low, high\].*\[16, 8\]"):
+        PretrainConfig.from_yaml(path)
+    no_gate = next(f.name for f in FAMILIES.values() if f.decay_init is None)
+    path.write_text(yaml.safe_dump(dict(name="t", family=no_gate, model={}, decay_half_life=[8, 16])))
+    with pytest.raises(InputError, match=rf"family '{no_gate}' has no decay gate.*gated_deltanet"):
+        PretrainConfig.from_yaml(path)
+
+
+def test_pair_count_curriculum_draws_few_pairs_before_start_steps(tmp_path):
+    import yaml
+
+    from state_reduction.data.mqar import IGNORE_INDEX
+    from state_reduction.training.pretrain import mqar_training_batch
+
+    cfg = _cfg(seq_len=32, mqar={**MQAR, "batch": 64, "min_pairs": 1, "max_pairs": 4, "start_max_pairs": 2,
+                                 "start_steps": 4, "vocab": {**MQAR["vocab"], "n_keys": 8}})
+    queried = [(mqar_training_batch(s, cfg)[1] != IGNORE_INDEX).sum(1) for s in range(8)]
+    assert all(q.min() >= 1 and q.max() <= 2 for q in queried[:4])
+    assert max(q.max() for q in queried[4:]) > 2
+    path = tmp_path / "c.yaml"
+    for bad, message in [({"start_max_pairs": 3}, "go together"), ({"start_max_pairs": 9, "start_steps": 4},
+                                                                   r"must lie in \[min_pairs, max_pairs\]")]:
+        path.write_text(yaml.safe_dump(dict(name="t", family="mamba2", model=MAMBA2, mqar={**MQAR, **bad})))
+        with pytest.raises(InputError, match=message):
+            PretrainConfig.from_yaml(path)

@@ -38,7 +38,7 @@ from state_reduction.data.sampler import stream_tokens
 from state_reduction.errors import InputError
 from state_reduction.evaluation.mqar import mqar_accuracy
 from state_reduction.hashing import config_key
-from state_reduction.models import build_model, get_family
+from state_reduction.models import FAMILIES, build_model, get_family
 from state_reduction.provenance import collect_provenance
 from state_reduction.tokenizer import load_tokenizer, tokenizer_hash
 from state_reduction.training.schedule import warmup_cosine
@@ -66,6 +66,7 @@ class PretrainConfig:
     eval_batch_size: int = 16
     threads: int = 0
     mqar: dict | None = None  # {batch, min_pairs, max_pairs, vocab: MQARVocab fields, eval_pairs: [..]}
+    decay_half_life: tuple[float, float] | None = None  # [low, high] tokens: initial decay (family.decay_init)
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides) -> PretrainConfig:
@@ -75,7 +76,9 @@ class PretrainConfig:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise InputError(f"{path}: unknown pretraining config keys {unknown}; known: {sorted(known)}")
-        get_family(raw["family"])
+        family = get_family(raw["family"])
+        if raw.get("decay_half_life") is not None:
+            raw["decay_half_life"] = _check_half_life(path, family, raw["decay_half_life"])
         if raw.get("mqar") is not None:
             _check_mqar_section(path, raw["mqar"])
         if "adam_betas" in raw:
@@ -85,8 +88,11 @@ class PretrainConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["adam_betas"] = list(self.adam_betas)
-        if d["mqar"] is None:  # text-only configs keep the identity (hash) they had before MQAR existed
-            del d["mqar"]
+        for key in ("mqar", "decay_half_life"):  # configs without them keep the identity (hash) they had before
+            if d[key] is None:
+                del d[key]
+            elif key == "decay_half_life":
+                d[key] = list(d[key])
         return d
 
     def mqar_vocab(self):
@@ -98,7 +104,8 @@ class PretrainConfig:
         return config_key(d)
 
 
-MQAR_KEYS = ("batch", "min_pairs", "max_pairs", "vocab", "eval_pairs", "text_weight", "text_from_step")
+MQAR_KEYS = ("batch", "min_pairs", "max_pairs", "vocab", "eval_pairs", "text_weight", "text_from_step",
+             "start_max_pairs", "start_steps")
 
 
 def _check_mqar_section(path, section: dict) -> None:
@@ -108,7 +115,24 @@ def _check_mqar_section(path, section: dict) -> None:
     missing = [k for k in ("batch", "min_pairs", "max_pairs") if k not in section]
     if missing:
         raise ValueError(f"{path}: mqar section lacks {missing}")
+    if ("start_max_pairs" in section) != ("start_steps" in section):
+        raise InputError(f"{path}: mqar.start_max_pairs and mqar.start_steps go together (the pair-count "
+                         f"curriculum), got only {[k for k in ('start_max_pairs', 'start_steps') if k in section]}")
+    if "start_max_pairs" in section and not section["min_pairs"] <= section["start_max_pairs"] <= section["max_pairs"]:
+        raise InputError(f"{path}: mqar.start_max_pairs must lie in [min_pairs, max_pairs] = "
+                         f"[{section['min_pairs']}, {section['max_pairs']}], got {section['start_max_pairs']}")
     MQARVocab(**section.get("vocab", {}))
+
+
+def _check_half_life(path, family, value) -> tuple[float, float]:
+    if family.decay_init is None:
+        with_gate = sorted(f.name for f in FAMILIES.values() if f.decay_init is not None)
+        raise InputError(f"{path}: decay_half_life: family {family.name!r} has no decay gate to initialise; "
+                         f"families with one: {with_gate}")
+    if not (isinstance(value, (list, tuple)) and len(value) == 2
+            and all(isinstance(v, (int, float)) and v > 0 for v in value) and value[0] <= value[1]):
+        raise InputError(f"{path}: decay_half_life must be [low, high] tokens with 0 < low <= high, got {value!r}")
+    return float(value[0]), float(value[1])
 
 
 def lr_factor(step: int, cfg: PretrainConfig) -> float:
@@ -182,6 +206,8 @@ def pretrain(cfg: PretrainConfig, tokenizer_dir: str | Path, out_dir: str | Path
     model_kwargs = dict(cfg.model, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                         bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id)
     model = build_model(cfg.family, model_kwargs, seed=cfg.seed).to(device)
+    if cfg.decay_half_life is not None:
+        get_family(cfg.family).decay_init(model, *cfg.decay_half_life, seed=cfg.seed)
     windows, corpus_tokens = build_training_windows(tokenizer, cfg, data_dir=data_dir)
     if windows.shape[0] < cfg.batch_size:
         raise InputError(f"{cfg.name}: only {windows.shape[0]} training windows of {cfg.seq_len} tokens, "
@@ -281,9 +307,12 @@ def train(model, windows: torch.Tensor, cfg: PretrainConfig, run_dir: Path, devi
 
 
 def mqar_training_batch(step: int, cfg: PretrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step `step`'s MQAR sequences and labels, [mqar.batch, seq_len] each: a pure function of (seed, step)."""
+    """Step `step`'s MQAR sequences and labels, [mqar.batch, seq_len] each: a pure function of (seed, step).
+
+    Before step `mqar.start_steps` the pairs are drawn from [min_pairs, start_max_pairs] (a pair-count curriculum)."""
     m = cfg.mqar
-    return mqar_mixed_pairs(m["batch"], cfg.seq_len, m["min_pairs"], m["max_pairs"],
+    max_pairs = m["start_max_pairs"] if step < m.get("start_steps", 0) else m["max_pairs"]
+    return mqar_mixed_pairs(m["batch"], cfg.seq_len, m["min_pairs"], max_pairs,
                             seed=cfg.seed * 1_000_003 + 7919 * step + 1, vocab=cfg.mqar_vocab())
 
 

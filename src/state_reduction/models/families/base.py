@@ -123,6 +123,9 @@ class ModelFamily:
     architectures: tuple[Architecture, ...] = ()  # memory-plan
     tiny_checkpoints: tuple[str, ...] = ()  # folders under experiments/tiny_models/checkpoints (text models)
     recall_checkpoints: tuple[str, ...] = ()  # MQAR recall models (may be absent)
+    # sets the initial per-token decay by half-life: (model, low, high, seed) -> heads set (pretraining's
+    # `decay_half_life`; families without a decay gate have none)
+    decay_init: Callable[..., int] | None = None
     wrapper_model_types: tuple[str, ...] = ()  # model types wrapping this text model (vision-language: text_config)
     shed: bool = True  # derive `<model_type>_shed` (models/shed.py)
     ralimp: bool = True  # derive `<model_type>_ralimp` (models/ralimp_variant.py); needs gated MLPs

@@ -8,6 +8,7 @@ import warnings
 from state_reduction.backend.delta_rule import l2norm
 from state_reduction.backend.gated_delta_rule import _prepare_gate_and_beta
 from state_reduction.models.families.base import KernelInputs, KernelRoute, ModelFamily
+from state_reduction.models.families.decay_init import init_decay_half_life
 from state_reduction.models.families.deltanet import FLA_LORA
 from state_reduction.pruning.adapters.gated_deltanet import GatedDeltaNetAdapter, check_value_dim
 
@@ -49,4 +50,5 @@ FAMILY = ModelFamily(
                           "num_hidden_layers": 24, "vocab_size": 32000, "hidden_ratio": 4}},
     tiny_checkpoints=("gated_deltanet",),
     recall_checkpoints=("gated_deltanet_mqar",),
+    decay_init=init_decay_half_life,
 )

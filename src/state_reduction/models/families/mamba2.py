@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Mamba2Conf
 from transformers.activations import ACT2FN
 
 from state_reduction.models.families.base import Architecture, KernelInputs, LoraTargets, MixerHooks, ModelFamily
+from state_reduction.models.families.decay_init import init_decay_half_life
 from state_reduction.pruning.adapters.mamba2 import Mamba2Adapter
 
 
@@ -74,5 +75,6 @@ FAMILY = ModelFamily(
         "defaults reproduce field for field (installed package; the hub is not reachable here)"),),
     tiny_checkpoints=("mamba2",),
     recall_checkpoints=("mamba2_mqar", "mamba2_mqar_s1", "mamba2_mqar_s2"),
+    decay_init=init_decay_half_life,
     ralimp=False,  # no MLP to linearize
 )

@@ -7,6 +7,7 @@ from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 from state_reduction.backend.delta_rule import l2norm
 from state_reduction.models.families.base import Architecture, KernelInputs, KernelRoute, LoraTargets, ModelFamily
+from state_reduction.models.families.decay_init import init_decay_half_life
 from state_reduction.pruning.adapters.qwen3_5 import Qwen3_5Adapter
 
 _ARGS = ("query", "key", "value", "g", "beta")
@@ -50,5 +51,6 @@ FAMILY = ModelFamily(
         "test and a shape contract found by code search; not checked against the hub, which is not reachable here)"),),
     tiny_checkpoints=("qwen3_5",),
     recall_checkpoints=("qwen3_5_mqar",),
+    decay_init=init_decay_half_life,
     wrapper_model_types=("qwen3_5",),  # Qwen3_5ForConditionalGeneration: the text model is in text_config
 )
