@@ -203,3 +203,9 @@ def test_the_budget_varies_like_a_setting_and_uniform_keeps_the_plain_name_and_k
     with pytest.raises(StopIteration):
         stages.run_prune(runner, "x", config)
     assert (seen["cfg"].budget, seen["cfg"].budget_floor) == ("global-aire", 1)
+
+    def typo(spec):
+        spec["tables"]["table20"]["vary"] = {"budget": ["uniform", "global"]}
+
+    with pytest.raises(PipelineError, match="table20 .* vary budget 'global' unknown; accepted: uniform, global-aire"):
+        plan_table(str(_write(tmp_path, typo)), "table20", "tiny")

@@ -24,6 +24,7 @@ import yaml
 
 from state_reduction.errors import Error
 from state_reduction.provenance import REPO_ROOT
+from state_reduction.pruning.budgets import BUDGETS
 from state_reduction.rft.config import RFTConfig
 
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
@@ -411,6 +412,10 @@ def table_variations(spec: dict, table: str, profile: str) -> list[tuple[tuple[s
                     raise PipelineError(f"{table}: vary {k!r} has no values for profile {profile!r}")
                 values = values[profile]
             lists.append(values)
+        bad = [x for x in dict(zip(names, lists)).get("budget", []) if x not in BUDGETS]
+        if bad:
+            raise PipelineError(f"{table} of experiment {spec['experiment']!r}: vary budget {bad[0]!r} unknown; "
+                                f"accepted: {', '.join(BUDGETS)}")
         for combo in itertools.product(*lists):
             v = tuple((k, x) for k, x in zip(names, combo) if x != defaults.get(k))
             if v not in out:
