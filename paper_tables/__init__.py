@@ -23,7 +23,8 @@ RENDERERS = {"calibration_sensitivity": "paper_tables.ablation_tables",
              "pca_vs_shared_conv": "paper_tables.shared_conv_tables",
              "rank_analysis": "paper_tables.rank_tables",
              "mqar_recall": "paper_tables.figure_mqar",
-             "state_vs_structure": "paper_tables.state_vs_structure"}
+             "state_vs_structure": "paper_tables.state_vs_structure",
+             "layer_adaptive_budgets": "paper_tables.layer_budgets"}
 # renderers that read the results of every table their experiment declares (e.g. figure_mqar and mqar_seeds)
 WHOLE_EXPERIMENT = {"mqar_recall", "state_vs_structure"}
 # experiments whose tables are computed by analyses (`state-reduction run-analysis`) rather than run-table

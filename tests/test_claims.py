@@ -161,3 +161,19 @@ def test_fixed_rhs_and_pairing_rows_without_the_field(experiment, tmp_path):
     declare({"id": "not_fixed", "text": "t", "lhs": side("drrqr"), "op": "<", "rhs": side("l1"), "rhs_fixed": True})
     with pytest.raises(ClaimError, match="rhs_fixed, but the rhs has 3 results"):
         claims.evaluate_claims("toy", "tiny", root)
+
+
+def test_a_null_where_selects_results_without_the_field(experiment, tmp_path):
+    """`budget: null` picks the cells at the default budget, whose results carry no budget field (issue 17)."""
+    declare, _, _ = experiment
+    root = tmp_path / "null"
+    for seed, (uniform, adaptive) in enumerate(((100.0, 90.0), (101.0, 92.0), (99.0, 89.5))):
+        for budget, v in ((None, uniform), ("global-aire", adaptive)):
+            vary = {"seed": seed, **({"budget": budget} if budget else {})}
+            write_result(root / "tiny" / "toy" / f"{budget}-{seed}.json",
+                         build_result("evaluate", profile="tiny", experiment="toy", config={"vary": vary},
+                                      metrics={"ppl": v}, model=None, data={}, seeds={}, wall_time_s=0.0))
+    side = (lambda b: {"kind": "evaluate", "where": {"budget": b}, "metric": "ppl"})
+    declare({"id": "adaptive", "text": "t", "lhs": side("global-aire"), "op": "<", "rhs": side(None), "pair_by": "seed"})
+    (v,) = claims.evaluate_claims("toy", "tiny", root)
+    assert v.diff.n == 3 and v.diff.mean == pytest.approx(-28.5 / 3) and v.status == HOLDS

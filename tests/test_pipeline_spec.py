@@ -172,3 +172,40 @@ def test_analyses_are_mirrored_to_wandb_as_every_stage(tmp_path, monkeypatch):
     paths = run_analyses("table6", "tiny", str(path), results_root=tmp_path / "results")
     assert [p.name for p in paths] == ["deltanet-dense-analyze.json", "deltanet-l1-r75-analyze.json"]
     assert mirrored == ["deltanet-l1-r75-prune.json"] + [p.name for p in paths]
+
+
+def test_the_budget_varies_like_a_setting_and_uniform_keeps_the_plain_name_and_key(tmp_path, monkeypatch):
+    """Issue 17: `vary: {budget: [...]}` crosses budgets with selectors; the uniform budget (and the default floor)
+    is no override, so its cells keep the names and config keys of the table without budgets, and prune receives
+    the budget."""
+    from state_reduction.pipeline import stages
+
+    def vary(spec):
+        spec["tables"]["table20"]["vary"] = {"budget": ["uniform", "global-aire"], "budget_floor": [1, 2]}
+
+    def keys(experiment):
+        return {n: config_key(c) for n, c in plan_table(experiment, "table20", "tiny")["stages"]["prune"]}
+
+    plain, path = keys("deltanet_gdn"), str(_write(tmp_path, vary))
+    varied = keys(path)
+    assert {n: k for n, k in varied.items() if n in plain} == plain
+    assert set(varied) - set(plain) == {n.replace("-prune", f"{s}-prune") for n in plain
+                                        for s in ("-bud_global-aire", "-floor_2", "-bud_global-aire-floor_2")}
+    seen = {}
+
+    def spy(cfg):
+        seen["cfg"] = cfg
+        raise StopIteration
+
+    monkeypatch.setattr(stages, "prune", spy)
+    runner = stages.Runner(load_experiment(path), "tiny", results_root=tmp_path / "r")
+    config = runner.prune_config(stages.Cell("deltanet", "drrqr", 0.5, (("budget", "global-aire"),)))
+    with pytest.raises(StopIteration):
+        stages.run_prune(runner, "x", config)
+    assert (seen["cfg"].budget, seen["cfg"].budget_floor) == ("global-aire", 1)
+
+    def typo(spec):
+        spec["tables"]["table20"]["vary"] = {"budget": ["uniform", "global"]}
+
+    with pytest.raises(PipelineError, match="table20 .* vary budget 'global' unknown; accepted: uniform, global-aire"):
+        plan_table(str(_write(tmp_path, typo)), "table20", "tiny")

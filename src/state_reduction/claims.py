@@ -19,7 +19,7 @@ An experiment declares its claims in `experiments/<name>/config.yaml` under `cla
 `rhs` may be a number. Rows come from the experiment's result files (results/<profile>/<experiment>/): one
 row per result with its `kind`, every config field (nested fields flattened with dots; a leaf name may stand
 alone when it is unambiguous) and every metric. `where` keeps the rows whose fields equal the given values (a
-list: any of them); the chosen metric of those rows are the samples, normally one per seed.
+list: any of them; null: rows without the field, e.g. a `vary` setting at its default); the chosen metric of those rows are the samples, normally one per seed.
 
 Verdict from the 95% t-interval of the (paired, else Welch) mean difference d = lhs - rhs:
 holds when the whole interval satisfies `d op margin`, does not hold when the whole interval violates it,
@@ -231,6 +231,14 @@ def _matches(value, wanted) -> bool:
     return False
 
 
+def _where(row: dict, name: str, wanted) -> bool:
+    """`where` on one row; null matches a row without the field (a setting left at its default)."""
+    try:
+        return _matches(_field(row, name), wanted)
+    except KeyError:
+        return wanted is None or (isinstance(wanted, list) and None in wanted)
+
+
 def select_samples(claim: Claim, side: Side, rows: list[dict], label: str) -> list[tuple[object, float]]:
     """(pairing key, metric value) of each row the side selects; a ClaimError names what is missing."""
     all_fields = {k for r in rows for k in r} | {k.rsplit(".", 1)[-1] for r in rows for k in r}
@@ -242,10 +250,7 @@ def select_samples(claim: Claim, side: Side, rows: list[dict], label: str) -> li
     for row in rows:
         if side.kind is not None and row["kind"] != side.kind:
             continue
-        try:
-            if not all(_matches(_field(row, k), v) for k, v in side.where.items()):
-                continue
-        except KeyError:
+        if not all(_where(row, k, v) for k, v in side.where.items()):
             continue
         if side.metric not in row:
             continue

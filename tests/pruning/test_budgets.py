@@ -40,9 +40,9 @@ def test_global_budget_moves_channels_to_the_layer_with_flat_scores():
 
 
 def test_bad_input_is_one_line_naming_the_option():
-    with pytest.raises(ValueError, match="--floor 9: .* the largest floor is 8"):
+    with pytest.raises(ValueError, match="--budget-floor 9: .* the largest floor is 8"):
         layer_budget(_scores(), 16, 0.5, "global-aire", floor=9)
-    with pytest.raises(ValueError, match="--allow-layer-removal"):
+    with pytest.raises(ValueError, match="--budget-floor 0 lets a global budget remove every channel of a layer"):
         layer_budget(_scores(), 16, 0.5, "global-last", floor=0)
     with pytest.raises(ValueError, match="--budget 'global' unknown; accepted: uniform, global-aire, global-last"):
         layer_budget(_scores(), 16, 0.5, "global")

@@ -24,6 +24,7 @@ import yaml
 
 from state_reduction.errors import Error
 from state_reduction.provenance import REPO_ROOT
+from state_reduction.pruning.budgets import BUDGETS
 from state_reduction.rft.config import RFTConfig
 
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
@@ -378,7 +379,10 @@ def table_seeds(spec: dict, table: str, profile: str, override=None) -> list:
 
 # A table's `vary:` crosses pruning settings with its cells (Tables 2, 7, 16): a mapping of setting -> list of
 # values (crossed), or a list of such mappings (their union). A value list may be a mapping profile -> list.
-VARY_SETTINGS = {"select": "sel", "calib": "cal", "n_calib": "n", "seq_len": "len", "seed": "seed"}
+VARY_SETTINGS = {"select": "sel", "calib": "cal", "n_calib": "n", "seq_len": "len", "seed": "seed",
+                 "budget": "bud", "budget_floor": "floor"}
+# settings a profile's `prune:` need not name, at the value that is no override (issue 17: layer-adaptive budgets)
+VARY_DEFAULTS = {"budget": "uniform", "budget_floor": 1}
 
 
 def vary_suffix(vary) -> str:
@@ -392,7 +396,7 @@ def table_variations(spec: dict, table: str, profile: str) -> list[tuple[tuple[s
     vary = spec["tables"][table].get("vary")
     if not vary:
         return [()]
-    defaults = {"select": spec.get("select", "kq"), **profile_spec(spec, profile)["prune"]}
+    defaults = {"select": spec.get("select", "kq"), **VARY_DEFAULTS, **profile_spec(spec, profile)["prune"]}
     out = []
     for block in vary if isinstance(vary, list) else [vary]:
         unknown = [k for k in block if k not in VARY_SETTINGS]
@@ -408,6 +412,10 @@ def table_variations(spec: dict, table: str, profile: str) -> list[tuple[tuple[s
                     raise PipelineError(f"{table}: vary {k!r} has no values for profile {profile!r}")
                 values = values[profile]
             lists.append(values)
+        bad = [x for x in dict(zip(names, lists)).get("budget", []) if x not in BUDGETS]
+        if bad:
+            raise PipelineError(f"{table} of experiment {spec['experiment']!r}: vary budget {bad[0]!r} unknown; "
+                                f"accepted: {', '.join(BUDGETS)}")
         for combo in itertools.product(*lists):
             v = tuple((k, x) for k, x in zip(names, combo) if x != defaults.get(k))
             if v not in out:

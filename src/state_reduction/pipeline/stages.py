@@ -247,7 +247,8 @@ def run_prune(runner: Runner, name: str, config: dict) -> dict:
         select=config["select"], calib=config["calib"], n_calib=config["n_calib"],
         seq_len=config["seq_len"], seed=config["seed"], batch_size=config.get("batch_size", 8),
         stream_layers=config.get("stream_layers", False), device=config.get("device"),
-        overwrite=True, data_dir=runner.data_dir))
+        budget=config.get("budget", "uniform"), budget_floor=config.get("budget_floor", 1),
+        multiple=config.get("multiple"), overwrite=True, data_dir=runner.data_dir))
     result = prune_result(record, folder, profile=runner.profile, experiment=runner.spec["experiment"], config=config)
     return _with_costs(runner, cell, config, folder, result)
 

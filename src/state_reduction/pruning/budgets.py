@@ -11,8 +11,14 @@ uniform budget's total sum_l H_l floor(K (1 - ratio)), up to the rounding report
   layers, and the top total are taken; layer l's K'_l is the number it receives divided by H_l, rounded to
   the nearest multiple of `multiple`, at least `floor`, and then the totals are repaired greedily (add or
   remove `multiple` channels per head where the next normalised score is largest / smallest) so the total
-  state equals the uniform one within one multiple per layer. The two global budgets differ only in the score
-  they are given (energy with its decay factor for AIRE, an H-infinity analogue for LAST is the caller's).
+  state equals the uniform one within one multiple per layer.
+
+The seeds' two global budgets share the normalisation and differ in the score: AIRE's energy
+||C||^2 ||B||^2 / (1 - |lambda|^2) and LAST's squared H-infinity norm ||C||^2 ||B||^2 / (1 - |lambda|)^2. Here any
+selector's per-channel scores (pruning.selectors, `Selector.channel_scores`) take the place of the energy for
+`global-aire`; `global-last` multiplies them by each head's ratio of the two (`last_head_factor`), from the head's
+calibrated decay. The factor is one per head, so it changes how many channels a layer keeps, never which channels
+a head ranks first; with no decay (DeltaNet) it is the same for every head and global-last equals global-aire.
 """
 
 from __future__ import annotations
@@ -38,6 +44,16 @@ class Budget:
         return self.kept_total - self.requested_total
 
 
+def last_head_factor(rho: torch.Tensor, horizon: int) -> torch.Tensor:
+    """[H] squared H-infinity gain over energy of a scalar decay a = sqrt(rho) (rho = E[a^2] from calibration, as the
+    energy selector reads it) up to `horizon` lags: (sum_{tau < L} a^tau)^2 / sum_{tau < L} a^(2 tau), which is LAST's
+    (1 - a^2) / (1 - a)^2 = (1 + a) / (1 - a) as L grows, and L at a = 1."""
+    a = rho.double().clamp(min=0, max=1).sqrt()
+    lags = torch.arange(horizon, dtype=torch.float64)
+    powers = a[:, None] ** lags  # [H, L]
+    return powers.sum(1) ** 2 / powers.square().sum(1)
+
+
 def layer_normalise(scores: torch.Tensor) -> torch.Tensor:
     """AIRE/LAST normalisation of one layer's scores (any shape): s_(j) / sum_{k >= j} s_(k), top = 1."""
     flat = scores.flatten().double()
@@ -54,22 +70,26 @@ def layer_budget(scores: dict[int, torch.Tensor], K: int, ratio: float, budget: 
     """Per-layer K' from per-channel scores {layer: [H, K]} (see the module docstring)."""
     if budget not in BUDGETS:
         raise InputError(f"--budget {budget!r} unknown; accepted: {', '.join(BUDGETS)}")
+    if floor > K:
+        raise InputError(f"--budget-floor {floor} exceeds the key dimension K={K}; the largest floor is "
+                         f"{math.floor(K * (1 - ratio) + 1e-9)} at ratio {ratio}")
     if not 0 <= ratio < 1:
         raise InputError(f"--ratio must be in [0, 1), got {ratio}")
     if multiple < 1 or floor < 0:
-        raise InputError(f"--multiple must be >= 1 and --floor >= 0, got {multiple} and {floor}")
+        raise InputError(f"--multiple must be >= 1 and --budget-floor >= 0, got {multiple} and {floor}")
     uniform_k = math.floor(K * (1 - ratio) + 1e-9)
+    uniform_k -= uniform_k % multiple  # the uniform budget rounds down to the multiple (selectors.keep_count)
     heads = {layer: s.shape[0] for layer, s in scores.items()}
     requested = sum(h * uniform_k for h in heads.values())
     if budget == "uniform":
         return Budget({layer: uniform_k for layer in scores}, requested, requested)
     if floor == 0 and not allow_layer_removal:
-        raise InputError("--floor 0 lets a global budget remove every channel of a layer; pass --allow-layer-removal "
-                         "or a floor >= 1")
+        raise InputError("--budget-floor 0 lets a global budget remove every channel of a layer; the limit is a "
+                         "floor >= 1 (removing a layer's whole state is structure removal: --method shed --target mixer)")
     min_k = max(floor, 0 if allow_layer_removal else 1)
     if sum(h * min_k for h in heads.values()) > requested:
         limit = requested // sum(heads.values())
-        raise InputError(f"--floor {floor}: the floors alone need {sum(h * min_k for h in heads.values())} channels, "
+        raise InputError(f"--budget-floor {floor}: the floors alone need {sum(h * min_k for h in heads.values())} channels, "
                          f"more than the budget's {requested} at ratio {ratio}; the largest floor is {limit}")
     normalised = {layer: layer_normalise(s) for layer, s in scores.items()}
     pooled = torch.cat([n.flatten() for n in normalised.values()])

@@ -19,11 +19,12 @@ from state_reduction.devices import checkpoint_dtype, compute_dtype, resolve_dev
 from state_reduction.errors import InputError
 from state_reduction.evaluation.longctx import check_length_option
 from state_reduction.models.families import get_adapter
-from state_reduction.options import length_int, positive_int
+from state_reduction.options import length_int, nonnegative_int, positive_int
 from state_reduction.peak_memory import host_peak_rss_bytes, peak_memory_bytes
 from state_reduction.provenance import collect_provenance
+from state_reduction.pruning.budgets import BUDGETS, last_head_factor, layer_budget
 from state_reduction.pruning.calibration import calibrate
-from state_reduction.pruning.selectors import MODES, SelectorInput, get_selector, keep_count
+from state_reduction.pruning.selectors import MODES, SELECTORS, SelectorInput, get_selector, keep_count
 from state_reduction.pruning.streaming import calibrate_streaming
 from state_reduction.pruning.surgery import reduce_model, save_reduced
 from state_reduction.results import _display_path, build_result, model_entry
@@ -45,7 +46,13 @@ class PruneConfig:
     seed: int = field(default=0, metadata={"help": "seed of the calibration sample (and of rand)"})
     batch_size: int = field(default=8, metadata={"help": "calibration sequences per forward", "type": positive_int})
     multiple: int | None = field(default=None, metadata={
-        "help": "round kept channels down to a multiple (kernels)", "type": positive_int})
+        "help": "round kept channels down to a multiple (kernels; with a global budget: each layer's K')",
+        "type": positive_int})
+    budget: str = field(default="uniform", metadata={  # issue 17: pruning.budgets
+        "help": f"how many channels each layer keeps: {', '.join(BUDGETS)} (uniform: K (1 - ratio) everywhere, the "
+                "paper's; global-*: pooled layer-normalised per-channel scores, the same total state)"})
+    budget_floor: int = field(default=1, metadata={
+        "help": "global budgets: at least this many channels per head in every layer", "type": nonnegative_int})
     power_of_two: bool = field(default=False, metadata={
         "help": "round kept channels down to a power of two (fla pads K to one on GPU)"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing --out"})
@@ -73,8 +80,26 @@ class PruneConfig:
                                      ("grad_tokens", self.grad_tokens, 1)):
             if not isinstance(value, int) or value < least:
                 raise InputError(f"{option} must be an integer >= {least}, got {value!r}")
+        if self.budget not in BUDGETS:
+            raise InputError(f"--budget {self.budget!r} unknown; accepted: {', '.join(BUDGETS)}")
+        if self.budget != "uniform":
+            if get_selector(self.method).scores is None:
+                scored = ", ".join(n for n, s in SELECTORS.items() if s.scores is not None)
+                raise InputError(f"--budget {self.budget} needs per-channel scores; --method {self.method} has none "
+                                 f"(it rotates or draws channels); accepted with a global budget: {scored}")
+            if self.power_of_two:
+                raise InputError(f"--power-of-two with --budget {self.budget}: a global budget rounds each layer's K' "
+                                 "to --multiple; accepted: --multiple N")
         resolve_device(self.device)
         check_output(self.out, directory=True, overwrite=self.overwrite)
+
+    def recorded(self) -> dict:
+        """The configuration as results record it: the budget fields only when a global budget is set, so uniform
+        runs keep their config keys (hashing.config_key) from before budgets existed."""
+        out = asdict(self)
+        if self.budget == "uniform" and self.budget_floor == 1:
+            del out["budget"], out["budget_floor"]
+        return out
 
 
 def grad_batch_size(cfg: PruneConfig) -> int:
@@ -93,6 +118,24 @@ def _stopwatch() -> tuple[dict[str, float], Callable[[str], None]]:
         last[0] = now
 
     return seconds, lap
+
+
+def layer_key_dims(cfg: PruneConfig, adapter, model, selector, stats: dict, K: int, keep: int):
+    """The `pruning.budgets.Budget` of a global budget from the selector's per-channel scores of every mixer (None
+    for the uniform budget). global-last weighs each head by `budgets.last_head_factor` of its calibrated decay."""
+    if cfg.budget == "uniform":
+        return None
+    scores = {}
+    for ref in adapter.mixers(model):
+        w_q, w_k = adapter.qk_weights(ref.module)
+        s = selector.channel_scores(SelectorInput(stats.get(ref.layer), w_q.detach(), w_k.detach(), keep,
+                                                  cfg.select, None, ref.layer))
+        layer_stats = stats.get(ref.layer)
+        if cfg.budget == "global-last" and layer_stats is not None and layer_stats.decay_sq is not None:
+            rho = layer_stats.decay_sq.double().cpu() / layer_stats.n_tokens
+            s = s * last_head_factor(rho, layer_stats.horizon)[:, None]
+        scores[ref.layer] = s
+    return layer_budget(scores, K, cfg.ratio, cfg.budget, floor=cfg.budget_floor, multiple=cfg.multiple or 1)
 
 
 def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = None) -> dict:
@@ -121,34 +164,37 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     lap("load")
 
     stats, calibration = {}, None
-    if selector.needs and keep < K:  # exactly the statistics the selector reads (calibration.STATISTICS)
+    needs = selector.needs | ({"dynamics"} if cfg.budget == "global-last" else set())
+    if needs and (keep < K or cfg.budget != "uniform"):  # exactly the statistics read (calibration.STATISTICS)
         windows = sample_sequences(tokenizer, cfg.calib, n=cfg.n_calib, seq_len=cfg.seq_len, seed=cfg.seed,
                                    stream="calibration", data_dir=cfg.data_dir)
         batch = grad_batch_size(cfg) if selector.gradients else cfg.batch_size
         if cfg.stream_layers:
-            stats = calibrate_streaming(model, adapter, windows, batch_size=batch, device=device, needs=selector.needs)
+            stats = calibrate_streaming(model, adapter, windows, batch_size=batch, device=device, needs=needs)
         else:
-            stats = calibrate(model, adapter, windows, batch_size=batch, needs=selector.needs)
+            stats = calibrate(model, adapter, windows, batch_size=batch, needs=needs)
         calibration = {"corpus": cfg.calib, "stream": "calibration", "n": cfg.n_calib, "seq_len": cfg.seq_len,
                        "tokens": int(windows.numel()), "seed": cfg.seed,
                        "sha256": get_corpus_info(cfg.calib).sha256}
     lap("calibration")
 
     generator = torch.Generator().manual_seed(cfg.seed)
+    budget = layer_key_dims(cfg, adapter, model, selector, stats, K, keep)
     selections = {}
     for ref in adapter.mixers(model):
         w_q, w_k = adapter.qk_weights(ref.module)
-        selections[ref.layer] = selector(SelectorInput(stats.get(ref.layer), w_q.detach(), w_k.detach(), keep,
+        k_layer = keep if budget is None else budget.key_dims[ref.layer]
+        selections[ref.layer] = selector(SelectorInput(stats.get(ref.layer), w_q.detach(), w_k.detach(), k_layer,
                                                        cfg.select, generator, ref.layer))
     lap("selection")
     reduce_model(model, selections)
     model.to(saved_dtype)  # computed in fp32 on a CPU; saved in the checkpoint's own dtype
     lap("surgery")
-    state_after = adapter.state_bytes_per_sequence(model.config)
+    state_after = get_adapter(model).state_bytes_per_sequence(model.config)  # the _kdim variant's after a global budget
     rotations = {f"layer{layer}": sel.rotation.contiguous() for layer, sel in selections.items()
                  if sel.rotation is not None}
     record = {
-        "kind": "prune", "config": asdict(cfg), "model_type": model.config.model_type,
+        "kind": "prune", "config": cfg.recorded(), "model_type": model.config.model_type,
         "key_heads": H, "key_dim_before": K, "key_dim_after": keep,
         "state_bytes_per_sequence": {"before": state_before, "after": state_after, "dtype": "bfloat16"},
         "selection": {str(layer): {"keep": sel.keep.tolist()} if sel.keep is not None
@@ -158,6 +204,12 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
         "device": str(device), "compute_dtype": str(run_dtype), "saved_dtype": str(saved_dtype),
         "provenance": collect_provenance(),
     }
+    if budget is not None:  # issue 17: each layer's K', and the totals against the uniform budget's
+        record["key_dim_after"] = round(budget.kept_total / (H * len(budget.key_dims)), 4)
+        record["budget"] = {"budget": cfg.budget, "floor": cfg.budget_floor, "multiple": cfg.multiple or 1,
+                            "layer_key_dims": {str(layer): k for layer, k in budget.key_dims.items()},
+                            "requested_channels": budget.requested_total, "kept_channels": budget.kept_total,
+                            "total_error": budget.total_error}
 
     def write_selection(folder: Path) -> None:
         if rotations:
@@ -188,8 +240,11 @@ def prune_result(record: dict, folder, *, profile: str, experiment: str, config:
         "prune", profile=profile, experiment=experiment, config=config,
         metrics={"key_dim_before": record["key_dim_before"], "key_dim_after": record["key_dim_after"],
                  "state_bytes_before": record["state_bytes_per_sequence"]["before"],
-                 "state_bytes_after": record["state_bytes_per_sequence"]["after"]},
+                 "state_bytes_after": record["state_bytes_per_sequence"]["after"],
+                 **({"kept_channels": record["budget"]["kept_channels"],
+                     "requested_channels": record["budget"]["requested_channels"]} if record.get("budget") else {})},
         model=model, data={calibration["corpus"]: calibration["sha256"]} if calibration else {},
         seeds={"selection": record["config"]["seed"]}, wall_time_s=record["wall_time_s"],
         extra={"selection_file": str(Path(folder) / "selection.json"), "calibration": calibration,
-               "dense_model": model_entry(record["config"]["model"])})
+               "dense_model": model_entry(record["config"]["model"]),
+               **({"budget": record["budget"]} if record.get("budget") else {})})

@@ -4,8 +4,11 @@ A selector is one function from a `SelectorInput` (one mixer's calibration stati
 `keep`, the coupled mode, a generator and the layer index) to a `KeyChannelSelection`, registered with the
 statistics it reads:
 
-    @register_selector("grad", needs={"gradients"})
-    def select_grad(x: SelectorInput) -> KeyChannelSelection: ...
+    @register_selector("drrqr", needs={"gram"}, scores=drrqr_scores)
+    def select_drrqr(x: SelectorInput) -> KeyChannelSelection: ...
+
+    @register_scored("grad", needs={"gradients"})       # a score per channel; keeps the top `keep` per head
+    def select_grad(x: SelectorInput) -> torch.Tensor: ...
 
 `needs` names entries of `calibration.STATISTICS`; calibration computes exactly the union of the chosen
 selectors' needs (`needs_of`), and nothing when it is empty (rand, l1). A selector that only some families can
@@ -30,7 +33,7 @@ import torch
 
 from state_reduction.errors import InputError, UnknownNameError
 from state_reduction.pruning.calibration import GRADIENT_NEEDS, STATISTICS, missing_decay
-from state_reduction.pruning.srrqr import srrqr_from_gram
+from state_reduction.pruning.srrqr import qrcp_pivot_norms, srrqr_from_gram
 from state_reduction.pruning.types import KeyChannelSelection, LayerCalibration
 
 MODES = ("kq", "k", "q")
@@ -63,6 +66,7 @@ class Selector:
     fn: Callable[..., KeyChannelSelection]
     needs: frozenset[str]
     serves: Callable[[object], str | None] | None = None  # adapter -> None, or what the family lacks
+    scores: Callable[[SelectorInput], torch.Tensor] | None = None  # per-channel scores [H, K] (None: PCA, rand)
 
     @property
     def gradients(self) -> bool:
@@ -77,6 +81,16 @@ class Selector:
         missing = self.missing(adapter)
         if missing is not None:
             raise InputError(f"selector {self.name!r} cannot serve family {adapter.family}: it needs {missing}")
+
+    def channel_scores(self, x: SelectorInput) -> torch.Tensor:
+        """[H, K] float64 per-channel scores (what a layer-adaptive budget pools, pruning.budgets); a selector
+        without them is refused in one line naming it."""
+        if self.scores is None:
+            scored = ", ".join(n for n, s in SELECTORS.items() if s.scores is not None)
+            raise InputError(f"selector {self.name!r} has no per-channel scores (it rotates or draws channels); "
+                             f"selectors with scores: {scored}")
+        _check_args(self.name, x.w_q, x.w_k, 1, x.mode, x.layer)
+        return self.scores(x).to(torch.float64)
 
     def __call__(self, x: SelectorInput, **options) -> KeyChannelSelection:
         H, K = _check_args(self.name, x.w_q, x.w_k, x.keep, x.mode, x.layer)
@@ -144,9 +158,10 @@ def needs_of(names) -> frozenset[str]:
     return frozenset().union(*(get_selector(n).needs for n in names))
 
 
-def register_selector(name: str, needs=(), serves=None) -> Callable:
+def register_selector(name: str, needs=(), serves=None, scores=None) -> Callable:
     """Register `fn(x: SelectorInput) -> KeyChannelSelection` as selector `name` reading the statistics `needs`
-    (names of calibration.STATISTICS), wrapped with the argument checks every selector shares."""
+    (names of calibration.STATISTICS), wrapped with the argument checks every selector shares; `scores(x) -> [H, K]`
+    gives its per-channel scores where it has them (layer-adaptive budgets)."""
     unknown = sorted(set(needs) - set(STATISTICS))
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(STATISTICS), n=1)
@@ -156,8 +171,19 @@ def register_selector(name: str, needs=(), serves=None) -> Callable:
     def wrap(fn):
         if name in SELECTORS:
             raise InputError(f"selector {name!r} registered twice")
-        SELECTORS[name] = Selector(name, fn, frozenset(needs), serves)
+        SELECTORS[name] = Selector(name, fn, frozenset(needs), serves, scores)
         return fn
+
+    return wrap
+
+
+def register_scored(name: str, needs=(), serves=None) -> Callable:
+    """Register `score(x: SelectorInput) -> [H, K]` as selector `name` keeping the `keep` highest scores per head
+    (ties: lower index first); the scores serve layer-adaptive budgets as they are."""
+
+    def wrap(score):
+        register_selector(name, needs, serves, scores=score)(lambda x: _top(score(x), x.keep))
+        return score
 
     return wrap
 
@@ -222,37 +248,51 @@ def select_rand(x: SelectorInput) -> KeyChannelSelection:
     return KeyChannelSelection(keep=idx.sort(dim=1).values)
 
 
-@register_selector("l1")
-def select_l1(x: SelectorInput) -> KeyChannelSelection:
+@register_scored("l1")
+def select_l1(x: SelectorInput) -> torch.Tensor:
     """s_j = ||W_Q[j, :]||_1 + ||W_K[j, :]||_1 (paper 3.4)."""
-    return _top(sum(_weights(w).abs().sum(-1) for w in _pair(x.mode, x.w_q, x.w_k)), x.keep)
+    return sum(_weights(w).abs().sum(-1) for w in _pair(x.mode, x.w_q, x.w_k))
 
 
-@register_selector("wanda", needs={"input_norms"})
-def select_wanda(x: SelectorInput) -> KeyChannelSelection:
+@register_scored("wanda", needs={"input_norms"})
+def select_wanda(x: SelectorInput) -> torch.Tensor:
     """S-Wanda: s_j = sum_i (|W_Q[j, i]| + |W_K[j, i]|) * ||X[:, i]||_2, X the q/k projection input (3.4)."""
     d_in = x.w_q.shape[2]
     x_norm = _stat(x.stats, "input_sq", "wanda", x.layer, (d_in,), "input_sq: run calibration with input hooks").sqrt()
-    return _top(sum((_weights(w).abs() * x_norm).sum(-1) for w in _pair(x.mode, x.w_q, x.w_k)), x.keep)
+    return sum((_weights(w).abs() * x_norm).sum(-1) for w in _pair(x.mode, x.w_q, x.w_k))
 
 
-@register_selector("grad", needs={"gradients"})
-def select_grad(x: SelectorInput) -> KeyChannelSelection:
+@register_scored("grad", needs={"gradients"})
+def select_grad(x: SelectorInput) -> torch.Tensor:
     """s_j = sum_i |W_Q[j, i] dL/dW_Q[j, i]| + |W_K[j, i] dL/dW_K[j, i]| (3.4), summed in calibration."""
     H, K = x.shape
     hint = "saliency_q/saliency_k: run calibration with gradients"
     terms = [_stat(x.stats, f"saliency_{s}", "grad", x.layer, (H, K), hint) for s in _pair(x.mode, "q", "k")]
-    return _top(sum(terms), x.keep)
+    return sum(terms)
 
 
-@register_selector("drrqr", needs={"gram"})
+def _drrqr_gram(x: SelectorInput) -> torch.Tensor:
+    H, K = x.shape
+    hint = "gram_q/gram_k: run calibration with q/k hooks"
+    return sum(_stat(x.stats, f"gram_{s}", "drrqr", x.layer, (H, K, K), hint) for s in _pair(x.mode, "q", "k"))
+
+
+def drrqr_scores(x: SelectorInput) -> torch.Tensor:
+    """DRRQR's per-channel importance, for layer-adaptive budgets: |R_jj| of QR with column pivoting on
+    M_h = [Q_h; K_h] (through its Gram matrix), given to the channel pivoted at j (`srrqr.qrcp_pivot_norms`): the
+    norm of the channel's part not spanned by the channels pivoted before it, on the scale of the activations, so
+    comparable across heads and layers. Within a head the kept set is still strong RRQR's at the layer's K'."""
+    G = _drrqr_gram(x)
+    return torch.from_numpy(np.stack([qrcp_pivot_norms(G[h].numpy()) for h in range(G.shape[0])]))
+
+
+@register_selector("drrqr", needs={"gram"}, scores=drrqr_scores)
 def select_drrqr(x: SelectorInput, *, f: float = DRRQR_F, max_swaps: int | None = None) -> KeyChannelSelection:
     """Strong RRQR on M_h = [Q_h; K_h] per head (appendix B.2), through its Gram matrix Q^T Q + K^T K
     (post-conv q/k, before the L2 norm) accumulated over all calibration tokens."""
     stats, keep, layer = x.stats, x.keep, x.layer
     H, K = x.shape
-    hint = "gram_q/gram_k: run calibration with q/k hooks"
-    G = sum(_stat(stats, f"gram_{s}", "drrqr", layer, (H, K, K), hint) for s in _pair(x.mode, "q", "k"))
+    G = _drrqr_gram(x)
     n_rows = stats.n_tokens * (2 if x.mode == "kq" else 1)
     kept, warned = [], {}
     for h in range(H):
@@ -322,8 +362,8 @@ def energy_scores(stats: LayerCalibration | None, H: int, K: int, mode: str = "k
     return channel * (gain * horizon_sum)[:, None]
 
 
-@register_selector("energy", needs={"gram", "normalised_moments", "dynamics"})
-def select_energy(x: SelectorInput) -> KeyChannelSelection:
+@register_scored("energy", needs={"gram", "normalised_moments", "dynamics"})
+def select_energy(x: SelectorInput) -> torch.Tensor:
     """Impulse-response energy of each key channel: AIRE-Prune's E_i (arXiv 2602.00534) for input-dependent states.
 
     A diagonal SSM mode i has E_i = ||C[:, i]||^2 ||B_bar[i, :]||^2 / (1 - |lambda_i|^2): the energy of its impulse
@@ -346,11 +386,11 @@ def select_energy(x: SelectorInput) -> KeyChannelSelection:
     constant of the head, so within a head the ranking is that of E[q_j^2] E[k_j^2]; it matters when scores
     are compared across heads and layers (global budgets). `mode` k or q drops the other factor (Table 16)."""
     H, K = x.shape
-    return _top(energy_scores(x.stats, H, K, x.mode, x.layer), x.keep)
+    return energy_scores(x.stats, H, K, x.mode, x.layer)
 
 
-@register_selector("think", needs={"window_norms"})
-def select_think(x: SelectorInput) -> KeyChannelSelection:
+@register_scored("think", needs={"window_norms"})
+def select_think(x: SelectorInput) -> torch.Tensor:
     """ThinK (arXiv 2407.21018): key channel j of a head scores ||Q[:, j] K[:, j]^T||_F, the magnitude of the
     query-key interaction it carries. Q[:, j] K[:, j]^T is rank one, so over the tokens of one window w the score
     is ||Q_w[:, j]||_2 ||K_w[:, j]||_2; it is summed over the calibration windows. q and k are the vectors the
@@ -358,7 +398,7 @@ def select_think(x: SelectorInput) -> KeyChannelSelection:
     H, K = x.shape
     hint = "window_norm_*: run calibration with the window_norms statistic"
     field = {"kq": "window_norm_qk", "k": "window_norm_k", "q": "window_norm_q"}[x.mode]
-    return _top(_stat(x.stats, field, "think", x.layer, (H, K), hint), x.keep)
+    return _stat(x.stats, field, "think", x.layer, (H, K), hint)
 
 
 def ghost_scores(stats: LayerCalibration | None, H: int, K: int, mode: str = "kq", layer: int = 0) -> torch.Tensor:
@@ -376,8 +416,8 @@ def ghost_scores(stats: LayerCalibration | None, H: int, K: int, mode: str = "kq
     return per_value_head.view(H, Hv // H, K).sum(1)
 
 
-@register_selector("ghost", needs={"state_gramians"}, serves=missing_decay)
-def select_ghost(x: SelectorInput) -> KeyChannelSelection:
+@register_scored("ghost", needs={"state_gramians"}, serves=missing_decay)
+def select_ghost(x: SelectorInput) -> torch.Tensor:
     """GHOST-style balanced truncation of the state channels from forward passes (arXiv 2602.11408).
 
     Balanced truncation keeps the states with the largest Hankel singular values sqrt(eig(P Q)), P and Q the
@@ -391,7 +431,7 @@ def select_ghost(x: SelectorInput) -> KeyChannelSelection:
     state forgets only through the delta rule's erasure), so it cannot be served; for Gated DeltaNet and Qwen3.5
     the erasure is left out of the Gramians."""
     H, K = x.shape
-    return _top(ghost_scores(x.stats, H, K, x.mode, x.layer), x.keep)
+    return ghost_scores(x.stats, H, K, x.mode, x.layer)
 
 
 def taylor_scores(stats: LayerCalibration | None, H: int, K: int, mode: str = "kq", layer: int = 0) -> torch.Tensor:
@@ -406,8 +446,8 @@ def taylor_scores(stats: LayerCalibration | None, H: int, K: int, mode: str = "k
     return (0.5 * second - first).abs()
 
 
-@register_selector("taylor", needs={"taylor"})
-def select_taylor(x: SelectorInput) -> KeyChannelSelection:
+@register_scored("taylor", needs={"taylor"})
+def select_taylor(x: SelectorInput) -> torch.Tensor:
     """Second-order Taylor importance of removing key channel j (arXiv 2502.18886, "On Pruning SSM LLMs").
 
     Removing channel j sets its q and k rows w_j (both in mode kq) to zero, delta = -w_j, so
@@ -419,4 +459,4 @@ def select_taylor(x: SelectorInput) -> KeyChannelSelection:
     (they are removed together). The conv filter of channel j is not part of the group (its gradient is not
     collected)."""
     H, K = x.shape
-    return _top(taylor_scores(x.stats, H, K, x.mode, x.layer), x.keep)
+    return taylor_scores(x.stats, H, K, x.mode, x.layer)

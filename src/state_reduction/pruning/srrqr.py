@@ -175,3 +175,29 @@ def srrqr_from_gram(
         warnings.simplefilter("ignore")  # rank deficiency was reported above, on G itself
         perm, info = srrqr(L.T, k, f=f, max_swaps=max_swaps)
     return perm, SRRQRInfo(info.swaps, info.max_rho, info.converged, min(info.rank, rank), delta)
+
+
+def qrcp_pivot_norms(G, jitter: float = GRAM_JITTER) -> np.ndarray:
+    """[n] per-column importance of M known through G = M^T M: |R_pp| of QR with column pivoting, given to the column
+    pivoted at position p (the norm of that column's residual after projecting out the columns pivoted before it;
+    non-increasing in pivot order, so keeping the top k scores keeps QRCP's first k pivots). The factor is that of
+    `srrqr_from_gram` (cholesky(G + delta I)^T); a zero G gives zeros."""
+    G = _as_float64(G, "Gram matrix")
+    G = 0.5 * (G + G.T)
+    n = G.shape[0]
+    scale = float(np.trace(G)) / n if n else 0.0
+    if scale <= 0.0:
+        return np.zeros(n)
+    delta = jitter * scale
+    for _ in range(7):
+        try:
+            L = np.linalg.cholesky(G + delta * np.eye(n))
+            break
+        except np.linalg.LinAlgError:
+            delta *= 10.0
+    else:
+        raise np.linalg.LinAlgError("Gram matrix is not positive semi-definite")
+    R, perm = _qrcp(L.T, np.arange(n))
+    out = np.empty(n)
+    out[perm] = np.abs(np.diag(R))
+    return out

@@ -10,15 +10,16 @@ from torch import nn
 
 from state_reduction.checkpoints import save_model_atomic
 from state_reduction.errors import InputError
-from state_reduction.models.families import get_adapter
+from state_reduction.models.families import get_adapter, kdim_classes
 from state_reduction.pruning.types import KeyChannelSelection
 
 
 def reduce_model(model: nn.Module, selections: dict[int, KeyChannelSelection]) -> nn.Module:
     """Shrink every reducible mixer in place (one selection per decoder-layer index) and rewrite model.config.
 
-    The config holds one key dim for all layers, so every reducible layer needs a selection and all keep the
-    same number of channels."""
+    Every reducible layer needs a selection. When all keep the same number of channels the stock config expresses
+    it; otherwise the model becomes its family's `<model_type>_kdim` variant (models/kdim_variant.py), whose config
+    records each layer's K' (`layer_key_dims`) beside the stock field set to the largest."""
     adapter = get_adapter(model)
     mixers = {ref.layer: ref for ref in adapter.mixers(model)}
     missing, unknown = sorted(set(mixers) - set(selections)), sorted(set(selections) - set(mixers))
@@ -28,11 +29,18 @@ def reduce_model(model: nn.Module, selections: dict[int, KeyChannelSelection]) -
             f"missing {missing}, not reducible {unknown}."
         )
     kept = {layer: sel.kept for layer, sel in selections.items()}
-    if len(set(kept.values())) != 1:
-        raise InputError(f"{model.config.model_type}: every layer must keep the same number of channels, got {kept}.")
     for layer, ref in mixers.items():
         adapter.apply_selection(ref.module, selections[layer])
-    adapter.update_config(model.config, next(iter(kept.values())))
+    adapter.update_config(model.config, max(kept.values()))
+    if len(set(kept.values())) > 1 or getattr(model.config, "layer_key_dims", None):
+        config = model.config
+        config_cls, model_cls = kdim_classes(config.model_type)
+        config.__class__ = config_cls  # the same fields, the variant's model_type (as shed's surgery does)
+        if "model_type" in vars(config):
+            config.model_type = config_cls.model_type
+        model.__class__ = model_cls
+        config.layer_key_dims = {str(layer): k for layer, k in sorted(kept.items())}
+        config.architectures = [model_cls.__name__]
     return model
 
 

@@ -25,9 +25,10 @@ from state_reduction.models.families.base import (
     MixerHooks,
     ModelFamily,
 )
+from state_reduction.models.kdim_variant import KDIM_SUFFIX, make_kdim_variant
 from state_reduction.models.ralimp_variant import RALIMP_SUFFIX, make_ralimp_variant
 from state_reduction.models.shed import SHED_SUFFIX, make_shed_variant
-from state_reduction.pruning.adapters import ralimp_variant, shed_variant
+from state_reduction.pruning.adapters import kdim_variant, ralimp_variant, shed_variant
 
 FAMILIES: dict[str, ModelFamily] = {}  # canonical name -> stock family
 MODEL_TYPES: dict[str, ModelFamily] = {}  # config.model_type -> stock family or derived variant
@@ -35,13 +36,14 @@ _auto_registered: set[str] = set()  # model types registered with the Auto class
 
 
 def _derived(family: ModelFamily) -> list[ModelFamily]:
-    """The structure-removal and RaLiMP variants of a stock family: other config/model classes and model_type,
-    the same mixers (adapter, kernel route); a shed variant counts the state of its remaining mixers only, and a
-    RaLiMP variant trains its replaced MLPs outside the mixers (LoRA extra_scope "model")."""
+    """The structure-removal, RaLiMP and per-layer key-dim variants of a stock family: other config/model classes
+    and model_type, the same mixers (adapter, kernel route); a shed variant counts the state of its remaining mixers
+    only, a RaLiMP variant trains its replaced MLPs outside the mixers (LoRA extra_scope "model"), and a kdim
+    variant counts each layer's state at its own K'."""
     out = []
     common = {"base": family.name, "flame": False, "check_config": None, "presets": {}, "architectures": (),
               "tiny_checkpoints": (), "recall_checkpoints": (), "wrapper_model_types": (), "shed": False,
-              "ralimp": False, "register": None}
+              "ralimp": False, "kdim": False, "register": None}
     if family.shed:
         config_cls, model_cls = make_shed_variant(family.config_class, family.model_class,
                                                   family.model_type + SHED_SUFFIX, family.adapter.structure)
@@ -56,6 +58,13 @@ def _derived(family: ModelFamily) -> list[ModelFamily]:
                                        model_type=config_cls.model_type, config_class=config_cls,
                                        model_class=model_cls, lora=lora,
                                        adapter=ralimp_variant(family.adapter, config_cls.model_type)))
+    if family.kdim:
+        config_cls, model_cls = make_kdim_variant(family.config_class, family.model_class,
+                                                  family.model_type + KDIM_SUFFIX, family.adapter)
+        out.append(dataclasses.replace(family, **common, name=family.name + KDIM_SUFFIX, variant="kdim",
+                                       model_type=config_cls.model_type, config_class=config_cls,
+                                       model_class=model_cls,
+                                       adapter=kdim_variant(family.adapter, config_cls.model_type)))
     return out
 
 
@@ -228,6 +237,17 @@ def shed_classes(model_type: str) -> tuple[type, type]:
     return shed.config_class, shed.model_class
 
 
+def kdim_classes(model_type: str) -> tuple[type, type]:
+    """(config class, model class) of the per-layer key-dim variant of a stock or `_kdim` model_type."""
+    family = family_for(model_type)
+    variant = family if family.variant == "kdim" else MODEL_TYPES.get(family.model_type + KDIM_SUFFIX)
+    if variant is None or (family.variant not in (None, "kdim")):
+        stock = [f.model_type.removesuffix(KDIM_SUFFIX) for f in MODEL_TYPES.values() if f.variant == "kdim"]
+        raise UnknownNameError(f"no per-layer key-dim variant for model_type {model_type!r} "
+                               f"(supported: {', '.join(stock)})")
+    return variant.config_class, variant.model_class
+
+
 def ralimp_classes(model_type: str) -> tuple[type, type]:
     """(config class, model class) of the linearized (RaLiMP) variant of a stock model_type."""
     variant = MODEL_TYPES.get(model_type + RALIMP_SUFFIX)
@@ -239,5 +259,5 @@ def ralimp_classes(model_type: str) -> tuple[type, type]:
 
 
 __all__ = ["FAMILIES", "MODEL_TYPES", "Architecture", "KernelInputs", "KernelRoute", "LoraTargets", "MixerHooks",
-           "ModelFamily", "architectures", "build_config", "build_model", "family_for", "get_adapter", "get_family", "ralimp_classes",
+           "ModelFamily", "architectures", "build_config", "build_model", "family_for", "get_adapter", "get_family", "kdim_classes", "ralimp_classes",
            "register_auto_classes", "register_family", "shed_classes", "speed_presets", "unregister_family"]

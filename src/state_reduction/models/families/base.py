@@ -3,8 +3,8 @@
 A family module (`state_reduction.models.families.<name>`) declares one `FAMILY = ModelFamily(...)`; the registry
 (`state_reduction.models.families`) derives everything else from it: the Auto-class registration, the adapter
 looked up by `config.model_type`, the RFT LoRA targets, the analysis kernel route, the speed presets and the
-memory-plan architectures, and the structure-removal (`<model_type>_shed`) and RaLiMP (`<model_type>_ralimp`)
-variants.
+memory-plan architectures, and the structure-removal (`<model_type>_shed`), RaLiMP (`<model_type>_ralimp`) and
+per-layer key-dim (`<model_type>_kdim`) variants.
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ class ModelFamily:
     wrapper_model_types: tuple[str, ...] = ()  # model types wrapping this text model (vision-language: text_config)
     shed: bool = True  # derive `<model_type>_shed` (models/shed.py)
     ralimp: bool = True  # derive `<model_type>_ralimp` (models/ralimp_variant.py); needs gated MLPs
-    variant: str | None = None  # set on derived variants: "shed" | "ralimp"
+    kdim: bool = True  # derive `<model_type>_kdim` (models/kdim_variant.py): a key dimension per layer
+    variant: str | None = None  # set on derived variants: "shed" | "ralimp" | "kdim"
     base: str | None = None  # derived variants: the stock family's name
 
     def state_bytes(self, config, dtype: torch.dtype = torch.bfloat16) -> int:

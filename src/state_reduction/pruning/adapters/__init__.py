@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from state_reduction.pruning.adapters.deltanet import (
@@ -33,6 +35,29 @@ def shed_variant(adapter: KeyChannelAdapter) -> KeyChannelAdapter:
     return cls()
 
 
+def kdim_variant(adapter: KeyChannelAdapter, model_type: str) -> KeyChannelAdapter:
+    """The adapter of `<model_type>_kdim` (state_reduction.models.kdim_variant): the family's mixers with a key
+    dimension per layer (`config.layer_key_dims`); the stock config field holds the largest. State bytes are the
+    sum over layers of the stock formula at each layer's K' (exact: the stock formula is layers x one layer's)."""
+    base = type(adapter)
+
+    def state_bytes_per_sequence(self, config, dtype=torch.bfloat16) -> int:
+        dims = getattr(config, "layer_key_dims", None) or {}
+        if not dims:
+            return base.state_bytes_per_sequence(self, config, dtype)
+        total = 0
+        for k in dims.values():
+            one = copy.deepcopy(config)
+            base.update_config(self, one, int(k))
+            total += base.state_bytes_per_sequence(self, one, dtype)
+        return total // len(dims)
+
+    cls = type(f"KDim{base.__name__}", (base,), {
+        "model_type": model_type, "family": base.family,
+        "state_bytes_per_sequence": state_bytes_per_sequence, "__module__": __name__})
+    return cls()
+
+
 def ralimp_variant(adapter: KeyChannelAdapter, model_type: str) -> KeyChannelAdapter:
     """The adapter of a RaLiMP variant (state_reduction.models.ralimp_variant): the family's mixers are kept, so it
     is the family's adapter under the variant's model_type."""
@@ -42,4 +67,4 @@ def ralimp_variant(adapter: KeyChannelAdapter, model_type: str) -> KeyChannelAda
 
 
 __all__ = ["DeltaNetAdapter", "GatedDeltaNetAdapter", "Mamba2Adapter", "Qwen3_5Adapter", "SharedConvDeltaNetAdapter",
-           "ralimp_variant", "shed_variant"]
+           "kdim_variant", "ralimp_variant", "shed_variant"]

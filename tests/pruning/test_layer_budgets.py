@@ -1,0 +1,186 @@
+"""Layer-adaptive budgets end to end (issue 17 part 3): per-layer key dimensions on every family (the `_kdim` config
+variant reloads with AutoModelForCausalLM and equals the masked dense model with each layer's K'^-0.5 kernel scale),
+exact state bytes, DRRQR's per-channel importance, and `prune --budget` keeping the uniform budget's total."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from state_reduction.models.families import FAMILIES as REGISTRY
+from state_reduction.models.families import family_for, get_adapter
+from state_reduction.pruning.budgets import last_head_factor
+from state_reduction.pruning.prune import PruneConfig, prune
+from state_reduction.pruning.selectors import SELECTORS, SelectorInput, get_selector
+from state_reduction.pruning.srrqr import _qrcp, qrcp_pivot_norms
+from state_reduction.pruning.surgery import reduce_model
+from state_reduction.pruning.types import KeyChannelSelection
+from tests.pruning.test_adapters import (
+    ATOL,
+    CHECKPOINTS,
+    DELTA_FAMILIES,
+    FAMILIES,
+    conv_channels,
+    l2norm,
+    logits,
+    random_keep,
+    tiny,
+    tokens,
+    wrap_kernels,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def per_layer_keep(model, seed: int = 0) -> dict[int, torch.Tensor]:
+    """A different K' in every reducible layer (odd on purpose), random channels."""
+    heads, channels = get_adapter(model).key_heads(model.config)
+    layers = [ref.layer for ref in get_adapter(model).mixers(model)]
+    return {layer: random_keep(heads, channels, channels - 3 - 4 * i, seed=seed + layer) for i, layer in enumerate(layers)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_per_layer_key_dims_reload_and_equal_the_masked_dense_model(family, monkeypatch, tmp_path):
+    sliced, masked, ids = tiny(family), tiny(family), tokens()
+    adapter = get_adapter(sliced)
+    heads, channels = adapter.key_heads(sliced.config)
+    keeps = per_layer_keep(sliced)
+    before = adapter.state_bytes_per_sequence(sliced.config)
+    reduce_model(sliced, {layer: KeyChannelSelection(keep=k) for layer, k in keeps.items()})
+    assert sliced.config.model_type == REGISTRY[family].model_type + "_kdim"
+    assert sliced.config.layer_key_dims == {str(layer): k.shape[1] for layer, k in keeps.items()}
+    sliced.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float64).eval()
+    assert type(reloaded) is type(sliced) and family_for(reloaded).variant == "kdim"
+    out = logits(reloaded, ids)
+    assert torch.equal(out, logits(sliced, ids))
+
+    # state bytes: every layer's state is linear in its K', so after = before * mean_l K'_l / K, exactly
+    after = family_for(reloaded).state_bytes(reloaded.config)
+    assert after * len(keeps) * channels == before * sum(k.shape[1] for k in keeps.values())
+
+    for ref in adapter.mixers(masked):
+        w_q, w_k = adapter.qk_weights(ref.module)
+        keep_mask = torch.zeros(heads, channels, dtype=torch.bool).scatter_(1, keeps[ref.layer], True)
+        with torch.no_grad():
+            w_q[~keep_mask] = 0
+            w_k[~keep_mask] = 0
+    _mask_convs(masked, keeps)
+    if family in DELTA_FAMILIES:
+        def kernel_scale_per_layer(q, k, kwargs):  # K'_l^-0.5: the layer's kept channels are its nonzero ones
+            kept = (q != 0).flatten(0, 1).any(0).sum(-1).clamp(min=1).double()  # [H]
+            kwargs["use_qk_l2norm_in_kernel"] = False
+            return l2norm(q) * (channels / kept).sqrt()[:, None].to(q.dtype), l2norm(k)
+
+        wrap_kernels(monkeypatch, family, kernel_scale_per_layer)
+    torch.testing.assert_close(out, logits(masked, ids), atol=ATOL[family], rtol=0)
+
+
+def _mask_convs(model, keeps):
+    adapter = get_adapter(model)
+    heads, channels = adapter.key_heads(model.config)
+    with torch.no_grad():
+        for ref in adapter.mixers(model):
+            keep_mask = torch.zeros(heads, channels, dtype=torch.bool).scatter_(1, keeps[ref.layer], True)
+            index, convs = conv_channels(model, ref.module, keep_mask)
+            for conv in convs:
+                conv.weight[index] = 0
+                if conv.bias is not None:
+                    conv.bias[index] = 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_uniform_selection_keeps_the_stock_classes(family):
+    model = tiny(family)
+    heads, channels = get_adapter(model).key_heads(model.config)
+    keep = random_keep(heads, channels, 5)
+    reduce_model(model, {ref.layer: KeyChannelSelection(keep=keep) for ref in get_adapter(model).mixers(model)})
+    assert model.config.model_type == REGISTRY[family].model_type and not hasattr(model.config, "layer_key_dims")
+
+
+def test_drrqr_importance_is_the_qrcp_pivot_norm_of_each_channel():
+    g = torch.Generator().manual_seed(0)
+    M = torch.randn(50, 8, generator=g, dtype=torch.float64) * torch.tensor([3, 1, 2, 0.5, 4, 1, 1, 0.1]).double()
+    scores = qrcp_pivot_norms((M.T @ M).numpy(), jitter=0.0)
+    order = np.argsort(-scores, kind="stable")
+    # direct: greedy Gram-Schmidt on the columns of M, each step taking the largest residual column
+    residual, expected = M.clone(), np.zeros(8)
+    for _ in range(8):
+        norms = residual.norm(dim=0)
+        j = int(norms.argmax())
+        expected[j] = float(norms[j])
+        u = residual[:, j] / norms[j]
+        residual = residual - torch.outer(u, u @ residual)
+        residual[:, j] = 0
+    np.testing.assert_allclose(scores, expected, rtol=1e-8)
+    assert np.all(np.diff(scores[order]) <= 1e-12)
+    assert list(order) == list(_qrcp(np.linalg.cholesky((M.T @ M).numpy()).T, np.arange(8))[1])
+    x = SelectorInput(_stats_with_gram(M), M.T[None].expand(1, 8, 50).clone(), M.T[None].expand(1, 8, 50).clone(), 3,
+                      mode="k")
+    torch.testing.assert_close(get_selector("drrqr").channel_scores(x)[0], torch.from_numpy(qrcp_pivot_norms((M.T @ M).numpy())))
+
+
+def _stats_with_gram(M):
+    from state_reduction.pruning.types import LayerCalibration
+
+    return LayerCalibration(n_tokens=M.shape[0], gram_k=(M.T @ M)[None], gram_q=(M.T @ M)[None])
+
+
+def test_every_selector_but_rotations_and_random_draws_has_channel_scores():
+    assert {n for n, s in SELECTORS.items() if s.scores is None} == {"rand", "pca", "pca-adv"}
+
+
+def test_last_head_factor_is_squared_hinf_over_energy():
+    rho = torch.tensor([0.25, 0.81, 1.0], dtype=torch.float64)
+    f = last_head_factor(rho, 4000)
+    a = rho.sqrt()
+    torch.testing.assert_close(f[:2], ((1 + a) / (1 - a))[:2])
+    assert f[2] == 4000.0
+
+
+@pytest.mark.parametrize("family,method,budget", [("gated_deltanet", "l1", "global-aire"),
+                                                  ("mamba2", "energy", "global-last"),
+                                                  ("qwen3_5", "drrqr", "global-aire")])
+def test_prune_with_a_global_budget_keeps_the_uniform_total_and_reloads(tmp_path, family, method, budget):
+    out = tmp_path / "out"
+    record = prune(PruneConfig(model=str(CHECKPOINTS / family), method=method, ratio=0.75, budget=budget,
+                               multiple=2, out=str(out), n_calib=2, seq_len=64, batch_size=2))
+    b = record["budget"]
+    H = record["key_heads"]
+    dims = {int(k): v for k, v in b["layer_key_dims"].items()}
+    assert b["requested_channels"] == H * len(dims) * 16
+    assert abs(b["kept_channels"] - b["requested_channels"]) < 2 * H  # +- one multiple per head, reported
+    assert b["kept_channels"] == H * sum(dims.values()) and all(k % 2 == 0 and k >= 1 for k in dims.values())
+    selection = json.loads((out / "selection.json").read_text())
+    assert {int(k): len(v["keep"][0]) for k, v in selection["selection"].items()} == dims
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    before, after = record["state_bytes_per_sequence"]["before"], record["state_bytes_per_sequence"]["after"]
+    assert after == family_for(model).state_bytes(model.config)
+    assert after * len(dims) * 64 == before * sum(dims.values())
+    if len(set(dims.values())) > 1:
+        assert model.config.model_type.endswith("_kdim")
+
+
+def test_uniform_prune_records_no_budget_fields(tmp_path):
+    record = prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), method="l1", ratio=0.5, out=str(tmp_path / "o")))
+    assert "budget" not in record and "budget" not in record["config"] and "budget_floor" not in record["config"]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"method": "pca", "budget": "global-aire"},
+     r"--budget global-aire needs per-channel scores; --method pca has none"),
+    ({"method": "rand", "budget": "global-last"}, r"--budget global-last needs per-channel scores; --method rand"),
+    ({"method": "l1", "budget": "global-aire", "budget_floor": 0},
+     r"--budget-floor 0 lets a global budget remove every channel of a layer; the limit is a floor >= 1"),
+    ({"method": "l1", "budget": "global-aire", "budget_floor": 40},
+     r"--budget-floor 40: the floors alone need .* the largest floor is 32"),
+    ({"method": "l1", "budget": "global-aire", "power_of_two": True}, r"--power-of-two with --budget global-aire"),
+    ({"method": "l1", "budget": "global"}, r"--budget 'global' unknown; accepted: uniform, global-aire, global-last"),
+])
+def test_bad_budget_input_is_one_line(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), ratio=0.5, out=str(tmp_path / "o"), **kwargs))
