@@ -258,7 +258,8 @@ def layout_selector_increase(t: Table, metrics: list[Metric]):
     """The selector benchmark: per model the dense baseline, then per ratio each method with each metric and its
     increase over the dense model (mean ± 95% CI over the calibration seeds; the dense model is one deterministic
     evaluation, so the increase has the metric's interval); methods ranked per ratio."""
-    header = ["Model", "Compr.", "Method"] + [h for m in metrics for h in (m.label, f"increase {m.label}")]
+    header = ["Model", "Compr.", "Method"] + [
+        h for m in metrics for h in (m.label, f"{'increase' if m.lower_is_better else 'change'} {m.label}")]
     rows = []
     for model in t.models:
         base = {m.id: t.get(model, "baseline", 0.0, False, m) for m in metrics}
@@ -276,8 +277,9 @@ def layout_selector_increase(t: Table, metrics: list[Metric]):
 
 
 def plot_increase(t: Table, stem: Path) -> list[Path]:
-    """Wiki perplexity increase over the dense model by selector, one panel per (model, ratio), bars with the 95%
-    t-interval over the calibration seeds."""
+    """The table's first metric (wiki perplexity) minus the dense model's, by selector, one panel per (model, ratio),
+    bars with the 95% t-interval over the calibration seeds."""
+    metric = table_spec.render_spec(t.spec, t.table, t.profile, LAYOUTS, t.experiment)["columns"][0]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -286,8 +288,8 @@ def plot_increase(t: Table, stem: Path) -> list[Path]:
     panels = [(m, r) for m in t.models for r in sorted(t.ratios)]
     fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.4), squeeze=False)
     for ax, (model, ratio) in zip(axes[0], panels):
-        base = t.get(model, "baseline", 0.0, False, WIKI)
-        bars = [(METHOD_NAMES[m], t.get(model, m, ratio, False, WIKI), t.half_width(model, m, ratio, False, WIKI))
+        base = t.get(model, "baseline", 0.0, False, metric)
+        bars = [(METHOD_NAMES[m], t.get(model, m, ratio, False, metric), t.half_width(model, m, ratio, False, metric))
                 for m in t.methods]
         bars = [(n, v - base, hw or 0.0) for n, v, hw in bars if v is not None and base is not None]
         if bars:
@@ -297,7 +299,7 @@ def plot_increase(t: Table, stem: Path) -> list[Path]:
             ax.set_xticks(range(len(bars)), names, rotation=60, ha="right", fontsize=7)
         ax.axhline(0, color="k", lw=0.8)
         ax.set_title(f"{model}, {_pct(ratio)}", fontsize=8)
-    axes[0][0].set_ylabel("Wiki word ppl increase over dense")
+    axes[0][0].set_ylabel(f"{_plain(metric.label)}: change from dense")
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite), mean ± 95% CI over seeds", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, stem)
