@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "paper_tables" / "reference_data"
 METHOD_ORDER = ["l1", "rand", "drrqr", "grad", "wanda"]
 METHOD_NAMES = {"l1": "L1", "rand": "Rand", "drrqr": "DRRQR", "grad": "Grad", "wanda": "S-Wanda", "baseline": "Baseline",
-                CONTROL: "Dense+RFT"}
+                CONTROL: "Dense+RFT", "qkscore": "QK-score (ours)", "taylor": "Taylor", "think": "ThinK",
+                "energy": "Energy", "ghost": "GHOST", "pca": "PCA"}
 WIKI, LMB, ZS = (METRICS[k] for k in ("wiki_word_perplexity", "lambada_ppl", "zero_shot_avg"))
 # the accuracies each suite measures (the comparison with the paper shows the paper's that the suite runs)
 ACCURACIES = {
@@ -253,10 +254,64 @@ def layout_configurations(t: Table, metrics: list[Metric]):
     return header, rows
 
 
+def layout_selector_increase(t: Table, metrics: list[Metric]):
+    """The selector benchmark: per model the dense baseline, then per ratio each method with each metric and its
+    increase over the dense model (mean ± 95% CI over the calibration seeds; the dense model is one deterministic
+    evaluation, so the increase has the metric's interval); methods ranked per ratio."""
+    header = ["Model", "Compr.", "Method"] + [
+        h for m in metrics for h in (m.label, f"{'increase' if m.lower_is_better else 'change'} {m.label}")]
+    rows = []
+    for model in t.models:
+        base = {m.id: t.get(model, "baseline", 0.0, False, m) for m in metrics}
+        rows.append([t.model_label(model), "0%", "Baseline"]
+                    + [c for m in metrics for c in (t.cell(model, "baseline", 0.0, False, m), (0.0, "", None))])
+        for ratio in sorted(t.ratios):
+            for method in t.methods:
+                cells = ["", _pct(ratio), METHOD_NAMES[method]]
+                for m in metrics:
+                    value, mark, hw = t.cell(model, method, ratio, False, m, _column_marks(t, model, ratio, False, m)[method])
+                    rise = None if value is None or base[m.id] is None else value - base[m.id]
+                    cells += [(value, mark, hw), (rise, mark, hw)]
+                rows.append(cells)
+    return header, rows
+
+
+def plot_increase(t: Table, stem: Path) -> list[Path]:
+    """The table's first metric (wiki perplexity) minus the dense model's, by selector, one panel per (model, ratio),
+    bars with the 95% t-interval over the calibration seeds."""
+    metric = table_spec.render_spec(t.spec, t.table, t.profile, LAYOUTS, t.experiment)["columns"][0]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(m, r) for m in t.models for r in sorted(t.ratios)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.4), squeeze=False)
+    for ax, (model, ratio) in zip(axes[0], panels):
+        base = t.get(model, "baseline", 0.0, False, metric)
+        bars = [(METHOD_NAMES[m], t.get(model, m, ratio, False, metric), t.half_width(model, m, ratio, False, metric))
+                for m in t.methods]
+        bars = [(n, v - base, hw or 0.0) for n, v, hw in bars if v is not None and base is not None]
+        if bars:
+            names, rises, errs = zip(*bars)
+            ax.bar(range(len(bars)), rises, yerr=errs, capsize=3,
+                   color=["tab:red" if n.endswith("(ours)") else "tab:gray" for n in names])
+            ax.set_xticks(range(len(bars)), names, rotation=60, ha="right", fontsize=7)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_title(f"{model}, {_pct(ratio)}", fontsize=8)
+    axes[0][0].set_ylabel(f"{_plain(metric.label)}: change from dense")
+    fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite), mean ± 95% CI over seeds", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, stem)
+
+
 # the layouts a table's `render: {layout: ...}` may name (paper_tables/spec.py)
 LAYOUTS = {"pre_post": layout_pre_post, "ratios_post": layout_ratios_post, "zero_shot": layout_zero_shot,
            "method_columns": layout_method_columns, "models_ratios": layout_models_ratios,
-           "ratio_zero_shot": layout_ratio_zero_shot, "configurations": layout_configurations}
+           "ratio_zero_shot": layout_ratio_zero_shot, "configurations": layout_configurations,
+           "selector_increase": layout_selector_increase}
+# layouts with their own figure (the others: `plot`)
+PLOTS = {"selector_increase": plot_increase}
 # the metrics set beside the paper's, where the paper's rows have them
 COMPARED = [WIKI, LMB, ZS] + [METRICS[k] for k in ACCURACIES["paper"]] + LONG_CONTEXT + TINY_LONG_CONTEXT
 
@@ -409,7 +464,7 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
         md += "\n" + caption + "\n"
         tex += "% " + caption + "\n"
     written = write_outputs(table, profile, out_root, tex, md, comparison(t))
-    written["figures"] = plot(t, (figures_root or ROOT / "figures") / profile / table)
+    written["figures"] = PLOTS.get(layout["layout"], plot)(t, (figures_root or ROOT / "figures") / profile / table)
     notes = [f"no result has these columns (rendered as --): {', '.join(map(_plain, empty))}"] if empty else []
     seeds = table_seeds(t.spec, table, profile, seeds)
     if len(seeds) > 1 and t.replicates() == [1]:

@@ -31,11 +31,13 @@ def _acc(id: str, label: str, paper_key: str | None = None) -> Metric:
 
 METRICS = {m.id: m for m in [
     Metric("wiki_word_perplexity", "Wiki $\\downarrow$", True, paper_key="wiki_ppl"),
+    Metric("ptb_word_perplexity", "PTB $\\downarrow$", True),
     Metric("lambada_ppl", "LMB $\\downarrow$", True),
     _acc("zero_shot_avg", "ZS $\\uparrow$"),
     _acc("arc_easy_acc_norm", "ARC-e acc\\_n"), _acc("arc_challenge_acc_norm", "ARC-c acc\\_n"),
     _acc("hellaswag_acc_norm", "Hella. acc\\_n"), _acc("winogrande_acc", "Wino. acc"),
     _acc("piqa_acc_norm", "PIQA acc\\_n"), _acc("lambada_acc", "LMB. acc"),
+    _acc("mqar_32_p6_acc", "MQAR 32/6 $\\uparrow$"), _acc("mqar_32_p8_acc", "MQAR 32/8 $\\uparrow$"),
     _acc("continuation_acc_norm", "Cont. acc\\_n"), _acc("next_sentence_acc", "NextS. acc"),
     _acc("ruler_2k_acc", "RULER 2K $\\uparrow$"), _acc("ruler_4k_acc", "RULER 4K $\\uparrow$"),
     _acc("niah_2k_acc", "NIAH 2K $\\uparrow$"), _acc("niah_4k_acc", "NIAH 4K $\\uparrow$"),

@@ -177,3 +177,33 @@ def test_a_null_where_selects_results_without_the_field(experiment, tmp_path):
     declare({"id": "adaptive", "text": "t", "lhs": side("global-aire"), "op": "<", "rhs": side(None), "pair_by": "seed"})
     (v,) = claims.evaluate_claims("toy", "tiny", root)
     assert v.diff.n == 3 and v.diff.mean == pytest.approx(-28.5 / 3) and v.status == HOLDS
+
+
+def test_increase_over_a_reference_with_a_factor(experiment, tmp_path):
+    """`over` + `factor`: "(lhs - dense) <= 0.8 (rhs - dense)", paired by seed; the evidence re-derives it."""
+    declare, _, exp_dir = experiment
+    root = tmp_path / "increase"
+    for name, config, v in (("base", {"method": "baseline"}, 100.0),
+                            ("a0", {"method": "ours"}, 104.0), ("a1", {"method": "ours", "vary": {"seed": 1}}, 106.0),
+                            ("a2", {"method": "ours", "vary": {"seed": 2}}, 105.0),
+                            ("b0", {"method": "drrqr"}, 110.0), ("b1", {"method": "drrqr", "vary": {"seed": 1}}, 111.0),
+                            ("b2", {"method": "drrqr", "vary": {"seed": 2}}, 109.0)):
+        write_result(root / "tiny" / "toy" / f"{name}.json",
+                     build_result("evaluate", profile="tiny", experiment="toy", config=config,
+                                  metrics={"wiki_ppl": v}, model=None, data={}, seeds={}, wall_time_s=0.0))
+    side = (lambda m: {"kind": "evaluate", "where": {"method": m}, "metric": "wiki_ppl"})
+    bar = {"lhs": side("ours"), "op": "<=", "rhs": side("drrqr"), "pair_by": "seed", "over": side("baseline")}
+    declare({"id": "at_08", "text": "t", **bar, "factor": 0.8}, {"id": "at_02", "text": "t", **bar, "factor": 0.2})
+    v = {x.claim.id: x for x in claims.evaluate_claims("toy", "tiny", root)}
+    # increases 4, 6, 5 against 0.8 x (10, 11, 9) = 8, 8.8, 7.2: d = -4, -2.8, -2.2
+    assert v["at_08"].diff.mean == pytest.approx((-4 - 2.8 - 2.2) / 3) and v["at_08"].status == HOLDS
+    assert v["at_02"].status == FAILS  # 0.2 x (10, 11, 9) = 2, 2.2, 1.8 < 4, 6, 5
+    claims.write_verdicts("toy", "tiny", root)
+    assert claims.check_readme("toy", "tiny") == []
+    assert "0.8 x (rhs - over)" in (exp_dir / "README.md").read_text()
+    declare({"id": "bad", "text": "t", **bar, "over": side("drrqr")})
+    with pytest.raises(ClaimError, match="`over` must be one deterministic value"):
+        claims.evaluate_claims("toy", "tiny", root)
+    declare({"id": "no_over", "text": "t", "lhs": side("ours"), "op": "<", "rhs": side("drrqr"), "factor": 0.8})
+    with pytest.raises(ClaimError, match="factor scales the rhs increase over `over`, which is missing"):
+        claims.load_claims("toy")

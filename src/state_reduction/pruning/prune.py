@@ -35,7 +35,8 @@ class PruneConfig:
     """What `state-reduction prune` does; the command's options are generated from these fields and their help."""
 
     model: str = field(metadata={"help": "checkpoint directory (or hub id on the paper profile)"})
-    method: str = field(metadata={"help": "key channels: rand, l1, wanda, grad, drrqr, pca, pca-adv, energy; "
+    method: str = field(metadata={"help": "key channels: rand, l1, wanda, grad, drrqr, pca, pca-adv, energy, think, "
+                                          "ghost, taylor, qkscore; "
                                           "structures: shed (Mamba-Shedder)"})
     ratio: float = field(metadata={"help": "fraction of key channels removed, in [0, 1) (key-channel methods)"})
     out: str = field(metadata={"help": "folder of the reduced checkpoint"})

@@ -460,3 +460,73 @@ def select_taylor(x: SelectorInput) -> torch.Tensor:
     collected)."""
     H, K = x.shape
     return taylor_scores(x.stats, H, K, x.mode, x.layer)
+
+
+def _score_error(M: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, kept: torch.Tensor,
+                 normalised: bool) -> torch.Tensor:
+    """J for each row of `kept` ([C, K] 0/1 float64, candidate kept sets) given M = G_q o G_k and the Gram
+    diagonals dq, dk (see `select_qkscore`)."""
+    quad = torch.einsum("ck,kl,cl->c", kept, M, kept)
+    lin = kept @ M.sum(1)
+    if not normalised:
+        return quad - 2 * lin + M.sum()
+    a = torch.sqrt(dq.sum() * dk.sum() / ((kept @ dq) * (kept @ dk)).clamp(min=1e-300))
+    return a * a * quad - 2 * a * lin + M.sum()
+
+
+def qkscore_keep(Gq: torch.Tensor, Gk: torch.Tensor, keep: int, normalised: bool, swaps: int = 0) -> torch.Tensor:
+    """One head: the kept channels (sorted) of greedy backward elimination on J, then up to `swaps` passes of
+    best-improving single swaps (one kept channel out, one removed channel in); ties to the lower index."""
+    K = Gq.shape[0]
+    M = Gq * Gk
+    dq, dk = torch.diagonal(Gq), torch.diagonal(Gk)
+    kept = torch.ones(K, dtype=torch.float64)
+    eye = torch.eye(K, dtype=torch.float64)
+    while int(kept.sum()) > keep:
+        J = _score_error(M, dq, dk, kept - eye, normalised)
+        J[kept == 0] = math.inf
+        kept[int(torch.argmin(J))] = 0
+    for _ in range(swaps):
+        ins, outs = torch.nonzero(kept == 0).flatten(), torch.nonzero(kept).flatten()
+        if not len(ins):
+            break
+        cand = kept.repeat(len(outs) * len(ins), 1)
+        pairs = torch.cartesian_prod(outs, ins)
+        rows = torch.arange(len(pairs))
+        cand[rows, pairs[:, 0]], cand[rows, pairs[:, 1]] = 0.0, 1.0
+        J = _score_error(M, dq, dk, cand, normalised)
+        best = int(torch.argmin(J))
+        if not J[best] < _score_error(M, dq, dk, kept[None], normalised)[0]:
+            break
+        kept = cand[best]
+    return torch.nonzero(kept).flatten()
+
+
+@register_selector("qkscore", needs={"gram", "normalised_moments"})
+def select_qkscore(x: SelectorInput, *, swaps: int = 0) -> KeyChannelSelection:
+    """Ours (issue 19): keep the channels whose removal least changes the query-key scores the kernel computes.
+
+    The state of every family here is read through the scores q_t . k_s (DeltaNet / Gated DeltaNet / Qwen3.5:
+    q and k L2-normalised by the kernel; Mamba-2: C_t . B_s, unnormalised). Keeping the channel set S (removing
+    D) turns each score into q_S . k_S, and in a normalising kernel into q_S . k_S / (|q_S| |k_S|): the kept
+    part of unit vectors is renormalised. With the per-token norms |q_S|^2 replaced by their calibration mean
+    rho_q(S) = tr G_q[S, S] / tr G_q (G_q = sum_t q_t q_t^T of the vectors the kernel sees; tr G_q = N for unit
+    vectors) and a(S) = (rho_q(S) rho_k(S))^(-1/2) (a = 1 without normalisation), the squared score error over
+    all calibration (query, key) token pairs is
+
+        J(S) = sum_{t,s} (a q_S,t . k_S,s - q_t . k_s)^2 = a^2 1_S^T M 1_S - 2 a 1_S^T M 1 + 1^T M 1,
+
+    M = G_q o G_k (the elementwise product: sum_{t,s} q_tj q_tl k_sj k_sl = G_q[j, l] G_k[j, l]), so J needs only
+    the two K x K Grams of calibration. Unlike a diagonal score (E[q_j^2] E[k_j^2]) it sees channels that cancel
+    or duplicate each other (off-diagonal M) and the renormalisation of what is kept. Minimising J over |S| =
+    keep is a binary quadratic problem; it is solved by greedy backward elimination (remove the channel whose
+    removal gives the smallest J, K - keep times), optionally refined by `swaps` passes of the best single swap.
+    Mode k uses M = G_k o G_k (the key-key products of the delta rule's erasure), mode q G_q o G_q."""
+    H, K = x.shape
+    normalised = bool(x.stats.qk_l2_normalised) if x.stats is not None else False
+    field = "sum_{s}{s}" if normalised else "gram_{s}"
+    hint = "q/k Grams (gram_* or sum_qq/sum_kk): run calibration with the gram and normalised_moments statistics"
+    G = {s: _stat(x.stats, field.format(s=s), "qkscore", x.layer, (H, K, K), hint) for s in "qk"}
+    left, right = {"kq": ("q", "k"), "k": ("k", "k"), "q": ("q", "q")}[x.mode]
+    kept = [qkscore_keep(G[left][h], G[right][h], x.keep, normalised, swaps) for h in range(H)]
+    return KeyChannelSelection(keep=torch.stack(kept).to(torch.int64))
