@@ -87,7 +87,7 @@ class PruneConfig:
             if get_selector(self.method).scores is None:
                 scored = ", ".join(n for n, s in SELECTORS.items() if s.scores is not None)
                 raise InputError(f"--budget {self.budget} needs per-channel scores; --method {self.method} has none "
-                                 f"(it rotates or draws channels); accepted with a global budget: {scored}")
+                                 f"(it rotates, draws or jointly searches channels); accepted with a global budget: {scored}")
             if self.power_of_two:
                 raise InputError(f"--power-of-two with --budget {self.budget}: a global budget rounds each layer's K' "
                                  "to --multiple; accepted: --multiple N")

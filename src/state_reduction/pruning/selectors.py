@@ -87,7 +87,7 @@ class Selector:
         without them is refused in one line naming it."""
         if self.scores is None:
             scored = ", ".join(n for n, s in SELECTORS.items() if s.scores is not None)
-            raise InputError(f"selector {self.name!r} has no per-channel scores (it rotates or draws channels); "
+            raise InputError(f"selector {self.name!r} has no per-channel scores (it rotates, draws or jointly searches channels); "
                              f"selectors with scores: {scored}")
         _check_args(self.name, x.w_q, x.w_k, 1, x.mode, x.layer)
         return self.scores(x).to(torch.float64)

@@ -162,19 +162,24 @@ def srrqr_from_gram(
             "(use more calibration tokens)",
             stacklevel=2,
         )
-    delta = jitter * scale
-    for _ in range(7):
-        try:
-            L = np.linalg.cholesky(G + delta * np.eye(n))
-            break
-        except np.linalg.LinAlgError:
-            delta *= 10.0
-    else:
+    L, delta = _jittered_cholesky(G, jitter * scale)
+    if L is None:
         raise np.linalg.LinAlgError(f"{prefix}Gram matrix is not positive semi-definite (min eigenvalue {eig[0]:g})")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # rank deficiency was reported above, on G itself
         perm, info = srrqr(L.T, k, f=f, max_swaps=max_swaps)
     return perm, SRRQRInfo(info.swaps, info.max_rho, info.converged, min(info.rank, rank), delta)
+
+
+def _jittered_cholesky(G: np.ndarray, delta: float, tries: int = 7) -> tuple[np.ndarray | None, float]:
+    """cholesky(G + delta I), the jitter growing tenfold until it factors (None after `tries`), and the delta used."""
+    eye = np.eye(G.shape[0])
+    for _ in range(tries):
+        try:
+            return np.linalg.cholesky(G + delta * eye), delta
+        except np.linalg.LinAlgError:
+            delta *= 10.0
+    return None, delta
 
 
 def qrcp_pivot_norms(G, jitter: float = GRAM_JITTER) -> np.ndarray:
@@ -188,14 +193,8 @@ def qrcp_pivot_norms(G, jitter: float = GRAM_JITTER) -> np.ndarray:
     scale = float(np.trace(G)) / n if n else 0.0
     if scale <= 0.0:
         return np.zeros(n)
-    delta = jitter * scale
-    for _ in range(7):
-        try:
-            L = np.linalg.cholesky(G + delta * np.eye(n))
-            break
-        except np.linalg.LinAlgError:
-            delta *= 10.0
-    else:
+    L, _ = _jittered_cholesky(G, jitter * scale)
+    if L is None:
         raise np.linalg.LinAlgError("Gram matrix is not positive semi-definite")
     R, perm = _qrcp(L.T, np.arange(n))
     out = np.empty(n)
