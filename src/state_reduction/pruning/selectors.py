@@ -481,9 +481,18 @@ def qkscore_keep(Gq: torch.Tensor, Gk: torch.Tensor, keep: int, normalised: bool
     M = Gq * Gk
     dq, dk = torch.diagonal(Gq), torch.diagonal(Gk)
     kept = torch.ones(K, dtype=torch.float64)
-    eye = torch.eye(K, dtype=torch.float64)
+    rows, diag, total = M.sum(1), torch.diagonal(M), M.sum()
     while int(kept.sum()) > keep:
-        J = _score_error(M, dq, dk, kept - eye, normalised)
+        # J of every kept set minus one channel j in O(K^2) (M symmetric):
+        # (x - e_j)^T M (x - e_j) = x^T M x - 2 (M x)_j + M_jj, (x - e_j)^T M 1 = x^T M 1 - (M 1)_j
+        Mx = M @ kept
+        quad = kept @ Mx - 2 * Mx + diag
+        lin = kept @ rows - rows
+        if normalised:
+            a = torch.sqrt(dq.sum() * dk.sum() / ((kept @ dq - dq) * (kept @ dk - dk)).clamp(min=1e-300))
+            J = a * a * quad - 2 * a * lin + total
+        else:
+            J = quad - 2 * lin + total
         J[kept == 0] = math.inf
         kept[int(torch.argmin(J))] = 0
     for _ in range(swaps):
