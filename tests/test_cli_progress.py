@@ -1,6 +1,7 @@
 """Progress bars off a terminal: the CLI gives tqdm a 30 s default redraw interval, so lm-eval's bars (which
 the project does not create) stop flooding make, Slurm and CI logs."""
 
+import functools
 import io
 import time
 
@@ -17,7 +18,12 @@ class _Terminal(io.StringIO):
 
 @pytest.fixture
 def fresh_tqdm(monkeypatch):
-    monkeypatch.setattr(tqdm_std.tqdm, "__init__", tqdm_std.tqdm.__init__)
+    """tqdm as imported: without the default an earlier CLI call in this process may have added."""
+    init = tqdm_std.tqdm.__dict__["__init__"]
+    if isinstance(init, functools.partialmethod) and "mininterval" in init.keywords:
+        init = functools.partialmethod(init.func, *init.args,
+                                       **{k: v for k, v in init.keywords.items() if k != "mininterval"})
+    monkeypatch.setattr(tqdm_std.tqdm, "__init__", init)
     monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
 
 
@@ -31,7 +37,9 @@ def _redraws(**kw) -> int:
 def test_off_a_terminal_bars_redraw_only_at_start_and_end(fresh_tqdm):
     loud = _redraws(mininterval=0.05)
     quiet_progress_off_tty(io.StringIO())
+    once = tqdm_std.tqdm.__dict__["__init__"]
     quiet_progress_off_tty(io.StringIO())
+    assert tqdm_std.tqdm.__dict__["__init__"] is once  # a second call adds nothing
     bar = tqdm_std.tqdm(range(3), file=io.StringIO())
     assert bar.mininterval == QUIET_PROGRESS_INTERVAL_S
     assert _redraws() <= 3 < loud

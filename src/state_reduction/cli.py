@@ -309,8 +309,8 @@ def quiet_progress_off_tty(stream=None) -> None:
     stream = sys.stderr if stream is None else stream
     if (hasattr(stream, "isatty") and stream.isatty()) or "TQDM_MININTERVAL" in os.environ:
         return
-    init = tqdm_std.tqdm.__init__
-    if getattr(init, "keywords", {}).get("mininterval") == QUIET_PROGRESS_INTERVAL_S:
+    init = tqdm_std.tqdm.__dict__["__init__"]  # the partialmethod itself (attribute access unwraps it)
+    if isinstance(init, functools.partialmethod) and init.keywords.get("mininterval") == QUIET_PROGRESS_INTERVAL_S:
         return
     tqdm_std.tqdm.__init__ = functools.partialmethod(init, mininterval=QUIET_PROGRESS_INTERVAL_S)
 
