@@ -115,11 +115,17 @@ def mask_dense(model, keep: torch.Tensor) -> None:
     for ref in adapter.mixers(model):
         for w in adapter.qk_weights(ref.module):  # views of the projection weights
             w[~keep_mask] = 0
-        index, convs = conv_channels(model, ref.module, keep_mask)
-        for conv in convs:
-            conv.weight[index] = 0
-            if conv.bias is not None:
-                conv.bias[index] = 0
+        zero_conv_channels(model, ref.module, keep_mask)
+
+
+@torch.no_grad()
+def zero_conv_channels(model, mixer, keep_mask: torch.Tensor) -> None:
+    """Zero the q/k conv filters (and bias) of the channels `keep_mask` [H, K] removes in one mixer."""
+    index, convs = conv_channels(model, mixer, keep_mask)
+    for conv in convs:
+        conv.weight[index] = 0
+        if conv.bias is not None:
+            conv.bias[index] = 0
 
 
 # 1. ratio 0 ------------------------------------------------------------------------------------------------------

@@ -24,12 +24,12 @@ from tests.pruning.test_adapters import (
     CHECKPOINTS,
     DELTA_FAMILIES,
     FAMILIES,
-    conv_channels,
     l2norm,
     logits,
     random_keep,
     tiny,
     tokens,
+    zero_conv_channels,
     wrap_kernels,
 )
 
@@ -86,11 +86,7 @@ def _mask_convs(model, keeps):
     with torch.no_grad():
         for ref in adapter.mixers(model):
             keep_mask = torch.zeros(heads, channels, dtype=torch.bool).scatter_(1, keeps[ref.layer], True)
-            index, convs = conv_channels(model, ref.module, keep_mask)
-            for conv in convs:
-                conv.weight[index] = 0
-                if conv.bias is not None:
-                    conv.bias[index] = 0
+            zero_conv_channels(model, ref.module, keep_mask)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
