@@ -29,8 +29,8 @@ from tests.pruning.test_adapters import (
     random_keep,
     tiny,
     tokens,
-    zero_conv_channels,
     wrap_kernels,
+    zero_conv_channels,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
