@@ -7,9 +7,11 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PROFILE ?= tiny
 PYTEST_ARGS ?=
+# make test runs the suite in this many pytest-xdist worker processes, one torch thread each (0: one process, in order).
+PYTEST_WORKERS ?= 2
 SEEDS ?=
 
-.PHONY: setup test tiny-models tokenizer clean-venv help
+.PHONY: setup test test-fast tiny-models tokenizer clean-venv help
 
 help:
 	@echo "make table20   Table 20 (profile $(PROFILE)) as LaTeX and plots; also table1, table21 ... table24"
@@ -18,7 +20,7 @@ help:
 	@echo "make table17   Table 17, decode speed (tiny profile: CPU benchmarks); also table18, table19, figure4"
 	@echo "make figures   Figures 2-7 (rank analysis, speed); table4, table11: long context; table14, table15: PCA vs shared conv"
 	@echo "make submit    Slurm job array of an experiment (EXP=..., PROFILE=...); make status; make wandb-sync"
-	@echo "make test      the test suite (CPU)"
+	@echo "make test      the test suite (CPU, PYTEST_WORKERS=2 processes); make test-fast: without the slow tests"
 	@echo "make setup     create $(VENV) and install the project (idempotent)"
 
 setup: $(VENV)/.installed
@@ -31,8 +33,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
+PYTEST = OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS)
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
+
+# Without the tests marked slow (each over a minute on two cores): the inner loop while developing.
+test-fast: setup
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 tokenizer: setup
 	$(VENV)/bin/state-reduction train-tokenizer
