@@ -24,6 +24,7 @@ from tests.pruning.test_adapters import (
     CHECKPOINTS,
     DELTA_FAMILIES,
     FAMILIES,
+    cache_kwarg,
     l2norm,
     logits,
     random_keep,
@@ -87,6 +88,51 @@ def _mask_convs(model, keeps):
         for ref in adapter.mixers(model):
             keep_mask = torch.zeros(heads, channels, dtype=torch.bool).scatter_(1, keeps[ref.layer], True)
             zero_conv_channels(model, ref.module, keep_mask)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cached_decode_with_per_layer_key_dims_equals_the_full_forward(family, tmp_path):
+    """The reloaded `_kdim` model decodes token by token from its cache (each layer's state at its own K') to the
+    logits of one full forward."""
+    model, ids = tiny(family), tokens(length=12)
+    reduce_model(model, {layer: KeyChannelSelection(keep=k) for layer, k in per_layer_keep(model).items()})
+    model.save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float64).eval()
+    assert len(set(model.config.layer_key_dims.values())) > 1
+    full = logits(model, ids)
+    with torch.no_grad():
+        out = model(ids[:, :8], use_cache=True)
+        steps = [out.logits]
+        for t in range(8, ids.shape[1]):
+            out = model(ids[:, t : t + 1], use_cache=True, **{cache_kwarg(model): out.cache})
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL[family], rtol=0)
+
+
+def test_rft_of_a_per_layer_checkpoint_merges_into_the_same_variant(tmp_path):
+    """LoRA RFT takes a `_kdim` student with its family's dense teacher; the merged checkpoint reloads as the same
+    variant with the same per-layer K', equals the LoRA model, and the adapters moved."""
+    from state_reduction.rft import run_rft
+    from state_reduction.rft.trainer import STATE_FILE, build_student, load_causal_lm, load_trainable_state
+    from tests.rft.conftest import make_small_config
+
+    dense = str(CHECKPOINTS / "gated_deltanet")
+    student = tmp_path / "pruned"
+    prune(PruneConfig(model=dense, method="l1", ratio=0.5, budget="global-aire", out=str(student), n_calib=2,
+                      seq_len=64, batch_size=2))
+    dims = AutoModelForCausalLM.from_pretrained(str(student)).config.layer_key_dims
+    assert len(set(dims.values())) > 1  # the global budget gave the layers different K'
+    cfg = make_small_config(str(student), dense, tmp_path / "rft", steps=3, rank=4, alpha=24.0, lr=1e-2)
+    run_rft(cfg)
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "rft" / "model")).eval()
+    assert merged.config.model_type.endswith("_kdim") and merged.config.layer_key_dims == dims
+    peft_model = build_student(load_causal_lm(str(student), "student"), cfg)
+    load_trainable_state(peft_model, torch.load(tmp_path / "rft" / STATE_FILE, weights_only=False)["trainable"])
+    assert any(p.abs().max() > 0 for n, p in peft_model.named_parameters() if "lora_B" in n)
+    ids = tokens(length=24)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, peft_model.eval()(input_ids=ids).logits,
+                                   atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
