@@ -180,13 +180,17 @@ def test_the_budget_varies_like_a_setting_and_uniform_keeps_the_plain_name_and_k
     the budget."""
     from state_reduction.pipeline import stages
 
+    scored = ["l1", "drrqr", "grad", "wanda"]  # the experiment's methods but rand, which has no per-channel scores
+
     def vary(spec):
         spec["tables"]["table20"]["vary"] = {"budget": ["uniform", "global-aire"], "budget_floor": [1, 2]}
+        spec["tables"]["table20"]["methods"] = scored
 
     def keys(experiment):
         return {n: config_key(c) for n, c in plan_table(experiment, "table20", "tiny")["stages"]["prune"]}
 
     plain, path = keys("deltanet_gdn"), str(_write(tmp_path, vary))
+    plain = {n: k for n, k in plain.items() if n.split("-")[1] in scored + ["dense"]}
     varied = keys(path)
     assert {n: k for n, k in varied.items() if n in plain} == plain
     assert set(varied) - set(plain) == {n.replace("-prune", f"{s}-prune") for n in plain
@@ -209,3 +213,10 @@ def test_the_budget_varies_like_a_setting_and_uniform_keeps_the_plain_name_and_k
 
     with pytest.raises(PipelineError, match="table20 .* vary budget 'global' unknown; accepted: uniform, global-aire"):
         plan_table(str(_write(tmp_path, typo)), "table20", "tiny")
+
+    def unscored(spec):  # rand draws its channels: no scores to pool, refused by the plan, before any compute
+        spec["tables"]["table20"]["vary"] = {"budget": ["uniform", "global-last"]}
+
+    with pytest.raises(PipelineError, match="table20 of experiment 'deltanet_gdn', cell deltanet-rand-r50-bud_global-last"
+                                            ": --budget global-last needs per-channel scores; --method rand has none"):
+        plan_table(str(_write(tmp_path, unscored)), "table20", "tiny")

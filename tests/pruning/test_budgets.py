@@ -47,4 +47,6 @@ def test_bad_input_is_one_line_naming_the_option():
     with pytest.raises(ValueError, match="--budget 'global' unknown; accepted: uniform, global-aire, global-last"):
         layer_budget(_scores(), 16, 0.5, "global")
     with pytest.raises(ValueError, match="--budget global-aire needs per-channel scores; --method pca has none"):
-        check_scored_selector("pca", "global-aire", {"l1", "wanda", "grad", "energy", "drrqr"})
+        check_scored_selector("pca", "global-aire")
+    check_scored_selector("pca", "uniform")
+    check_scored_selector("drrqr", "global-last")

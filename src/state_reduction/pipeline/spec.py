@@ -24,7 +24,7 @@ import yaml
 
 from state_reduction.errors import Error
 from state_reduction.provenance import REPO_ROOT
-from state_reduction.pruning.budgets import BUDGETS
+from state_reduction.pruning.budgets import BUDGETS, check_scored_selector
 from state_reduction.rft.config import RFTConfig
 
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
@@ -356,7 +356,22 @@ def table_cells(spec: dict, table: str, profile: str, seeds=None) -> tuple[list[
     if t.get("control") and True in rft_states:
         cells += [Cell(k, CONTROL, 0.0) for k in keys]
     cells = expand_vary(spec, table, profile, cells, seeds)
+    _check_budgets(spec, table, profile, cells)
     return keys, cells, rft_states
+
+
+def _check_budgets(spec: dict, table: str, profile: str, cells: list[Cell]) -> None:
+    """A cell with a global budget needs a selector with per-channel scores: refused when the table is planned (its
+    dry run included), not when the cell's prune runs after other cells' compute."""
+    from state_reduction.pruning.selectors import SELECTORS
+
+    default = profile_spec(spec, profile)["prune"].get("budget", VARY_DEFAULTS["budget"])
+    for c in cells:
+        if c.method in SELECTORS:
+            try:
+                check_scored_selector(c.method, dict(c.vary).get("budget", default))
+            except Error as e:
+                raise PipelineError(f"{table} of experiment {spec['experiment']!r}, cell {c.name}: {e}") from None
 
 
 def table_seeds(spec: dict, table: str, profile: str, override=None) -> list:

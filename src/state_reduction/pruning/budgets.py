@@ -128,8 +128,13 @@ def layer_budget(scores: dict[int, torch.Tensor], K: int, ratio: float, budget: 
     return Budget(key_dims, requested, total())
 
 
-def check_scored_selector(method: str, budget: str, scored: set[str]) -> None:
-    """A global budget needs per-channel scores: a rotation-based selector (PCA) has none."""
-    if budget != "uniform" and method not in scored:
+def check_scored_selector(method: str, budget: str) -> None:
+    """A global budget needs the selector's per-channel scores: a selector that rotates (PCA), draws (rand) or
+    searches channel sets jointly has none. One check for `prune` (PruneConfig.validate) and for a table's plan
+    (pipeline.spec.table_cells), so a run-table or its dry run refuses such a cell before any compute."""
+    from state_reduction.pruning.selectors import SELECTORS, get_selector  # lazy: selectors is the heavier module
+
+    if budget != "uniform" and get_selector(method).scores is None:
+        scored = ", ".join(n for n, s in SELECTORS.items() if s.scores is not None)
         raise InputError(f"--budget {budget} needs per-channel scores; --method {method} has none "
-                         f"(accepted with a global budget: {', '.join(sorted(scored))})")
+                         f"(it rotates, draws or jointly searches channels); accepted with a global budget: {scored}")

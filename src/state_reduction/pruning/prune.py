@@ -22,9 +22,9 @@ from state_reduction.models.families import get_adapter
 from state_reduction.options import length_int, nonnegative_int, positive_int
 from state_reduction.peak_memory import host_peak_rss_bytes, peak_memory_bytes
 from state_reduction.provenance import collect_provenance
-from state_reduction.pruning.budgets import BUDGETS, last_head_factor, layer_budget
+from state_reduction.pruning.budgets import BUDGETS, check_scored_selector, last_head_factor, layer_budget
 from state_reduction.pruning.calibration import calibrate
-from state_reduction.pruning.selectors import MODES, SELECTORS, SelectorInput, get_selector, keep_count
+from state_reduction.pruning.selectors import MODES, SelectorInput, get_selector, keep_count
 from state_reduction.pruning.streaming import calibrate_streaming
 from state_reduction.pruning.surgery import reduce_model, save_reduced
 from state_reduction.results import _display_path, build_result, model_entry
@@ -84,10 +84,7 @@ class PruneConfig:
         if self.budget not in BUDGETS:
             raise InputError(f"--budget {self.budget!r} unknown; accepted: {', '.join(BUDGETS)}")
         if self.budget != "uniform":
-            if get_selector(self.method).scores is None:
-                scored = ", ".join(n for n, s in SELECTORS.items() if s.scores is not None)
-                raise InputError(f"--budget {self.budget} needs per-channel scores; --method {self.method} has none "
-                                 f"(it rotates, draws or jointly searches channels); accepted with a global budget: {scored}")
+            check_scored_selector(self.method, self.budget)
             if self.power_of_two:
                 raise InputError(f"--power-of-two with --budget {self.budget}: a global budget rounds each layer's K' "
                                  "to --multiple; accepted: --multiple N")
