@@ -230,6 +230,17 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def decoded_logits(model, ids, prefix: int = 8) -> torch.Tensor:
+    """Logits of a forward over the first `prefix` tokens, then one token at a time from the model's cache."""
+    with torch.no_grad():
+        out = model(ids[:, :prefix], use_cache=True)
+        steps = [out.logits]
+        for t in range(prefix, ids.shape[1]):
+            out = model(ids[:, t : t + 1], use_cache=True, **{cache_kwarg(model): out.cache})
+            steps.append(out.logits)
+    return torch.cat(steps, dim=1)
+
+
 # 4. cached decode ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -238,14 +249,7 @@ def test_cached_decode_of_pruned_model_equals_full_forward(family):
     heads, channels = get_adapter(model).key_heads(model.config)
     keep = random_keep(heads, channels, channels // 2)
     reduce_model(model, select_all(model, lambda layer: KeyChannelSelection(keep=keep)))
-    full = logits(model, ids)
-    with torch.no_grad():
-        out = model(ids[:, :8], use_cache=True)
-        steps = [out.logits]
-        for t in range(8, ids.shape[1]):
-            out = model(ids[:, t : t + 1], use_cache=True, **{cache_kwarg(model): out.cache})
-            steps.append(out.logits)
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL[family], rtol=0)
+    torch.testing.assert_close(decoded_logits(model, ids), logits(model, ids), atol=ATOL[family], rtol=0)
 
 
 # hooks -----------------------------------------------------------------------------------------------------------
