@@ -55,7 +55,10 @@ tiny-models: setup
 # reruns nothing. `state-reduction run-table TABLE --profile paper --dry-run` prints the plan without running it.
 # SEEDS="0 1 2": replicate seeds (calibration draw + RFT run each); the LM tables then show mean ± 95% CI.
 # Speed tables (17-19, figure 4) have their bench results as prerequisites below.
-RENDER = $(VENV)/bin/state-reduction render $@ --profile $(PROFILE) --run $(if $(SEEDS),--seeds $(SEEDS))
+# WORKERS: processes that run a table's tasks (each model's baseline, each cell's stages) side by side; 2 on the tiny
+# profile (two cores, one torch thread each), 1 on the paper profile (one GPU; clusters use make submit).
+WORKERS ?= $(if $(filter tiny,$(PROFILE)),2,1)
+RENDER = $(VENV)/bin/state-reduction render $@ --profile $(PROFILE) --run --workers $(WORKERS) $(if $(SEEDS),--seeds $(SEEDS))
 table%: setup
 	$(RENDER)
 figure%: setup

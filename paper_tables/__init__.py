@@ -86,9 +86,10 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
 
 
 def run_missing(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
-                seeds=None) -> list[Path]:
-    """Run what `table`'s results lack, through its experiment's runner (run-table, or run-analysis for the rank
-    analysis); return the result files. Undeclared outputs (speed, RaLiMP) have their own runners: nothing here."""
+                seeds=None, workers: int = 1) -> list[Path]:
+    """Run what `table`'s results lack, through its experiment's runner (run-table, in `workers` processes, or
+    run-analysis for the rank analysis); return the result files. Undeclared outputs (speed, RaLiMP) have their own
+    runners: nothing here."""
     if table in UNDECLARED:
         return []
     experiment = table_spec.owner(table, experiment)
@@ -100,7 +101,7 @@ def run_missing(table: str, profile: str = "tiny", experiment: str | None = None
         return run_analyses(table, profile, experiment, results_root=results_root)
     tables = list(spec["tables"]) if spec["experiment"] in WHOLE_EXPERIMENT else [table]
     return [p for t in tables for p in run_table(experiment, t, profile, results_root=results_root,
-                                                   seeds=seeds if t == table else None)]
+                                                   seeds=seeds if t == table else None, workers=workers)]
 
 
 def _render_undeclared(table, profile, results_root, out_root, figures_root, seeds):

@@ -167,3 +167,35 @@ def test_the_wandb_command_prints_panels_and_names_a_bad_run_folder(tmp_path, ca
     assert main(["wandb", "show", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("state-reduction wandb show: error:") and "no run-*.wandb file" in err and "\n" not in err
+
+
+def test_the_index_is_updated_under_a_lock(sweep, tmp_path, monkeypatch):
+    """Workers of one run-table (or Slurm tasks on one node) mirror into one index: an update waits for the lock,
+    so no process drops another's entry."""
+    import shutil
+    import threading
+    import time
+
+    from filelock import FileLock
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    root = tmp_path / "results"
+    src = sweep["paths"][0]
+    dst = root / "tiny" / src.parent.name / src.name
+    dst.parent.mkdir(parents=True)
+    shutil.copy(src, dst)
+    index = tracking.wandb_dir("tiny", root) / tracking.MIRRORED_INDEX
+    index.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(f"{index}.lock")
+    lock.acquire()
+    worker = threading.Thread(target=tracking.mirror_result, args=(dst,), kwargs={"results_root": root})
+    worker.start()
+    deadline = time.time() + 120
+    while not tracking.offline_runs("tiny", root) and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # an offline run finishes in well under a second
+    assert tracking.offline_runs("tiny", root)
+    assert worker.is_alive() and not index.exists()  # the run is logged, the index waits for the lock
+    lock.release()
+    worker.join(60)
+    assert list(json.loads(index.read_text())) == [read_result(dst)["config_key"]]

@@ -148,7 +148,7 @@ def _cmd_run_table(args) -> int:
     if offline_cache() is not None:  # every artefact of the table in the prefetched cache, before any compute
         check_offline(args.profile, [args.table], offline_cache(), args.experiment or find_experiment(args.table))
     paths = run_table(args.experiment, args.table, args.profile, results_root=args.results_root,
-                      data_dir=args.data_dir, seeds=args.seeds)
+                      data_dir=args.data_dir, seeds=args.seeds, workers=args.workers)
     folder = paths[0].parent if paths else None
     print(f"{args.table} ({args.profile}): {len(paths)} result files in {folder}")
     return 0
@@ -200,7 +200,8 @@ def _cmd_render(args) -> int:
     from paper_tables import render, run_missing
 
     if args.run:
-        paths = run_missing(args.table, args.profile, args.experiment, args.results_root, seeds=args.seeds)
+        paths = run_missing(args.table, args.profile, args.experiment, args.results_root, seeds=args.seeds,
+                            workers=args.workers)
         if paths:
             print(f"{args.table} ({args.profile}): {len(paths)} result files in {paths[0].parent}")
     figures = args.out_root / "figures" if args.out_root is not None else None
@@ -274,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seeds", type=int, nargs="+", default=None,
                    help="replicate seeds (default: the table's `seeds:`, else one); each seed draws the calibration "
                         "data and drives the RFT run; the tables show mean ± 95%% CI over them")
+    b.add_argument("--workers", type=positive_int, default=1,
+                   help="run the table's tasks (each model's baseline, each cell's stages) in this many processes, "
+                        "torch's threads split between them (default 1; make table20 uses 2 on the tiny profile)")
     b.set_defaults(func=_cmd_run_table)
     _register_wandb(sub)
 
@@ -291,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "paper_tables/out/ and figures/")
     rd.add_argument("--run", action="store_true",
                     help="first run what the table's results lack (run-table, or run-analysis for the rank analysis)")
+    rd.add_argument("--workers", type=positive_int, default=1, help="with --run: as run-table --workers")
     rd.set_defaults(func=_cmd_render)
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)

@@ -167,9 +167,15 @@ def mirror_result(path: str | Path, record: dict | None = None, results_root=Non
     except Exception as e:  # noqa: BLE001 -- wandb must never stop a sweep: the JSON result is already written
         _notice(f"could not log {path.name} ({type(e).__name__}: {e}); the result file is unaffected")
         return None
-    index_path, index = _index(record["profile"], results_root)
-    index[record["config_key"]] = {"result": str(path), "run_dir": run_dir, "mode": mode}
-    write_json_atomic(index_path, index)
+    from filelock import FileLock  # lazy, as wandb: only when a result is mirrored
+
+    # read-modify-write under a lock: several processes (run-table --workers, Slurm array tasks on one node) mirror
+    # into one index, and an unlocked update could drop another's entry (and mirror_missing would log it twice)
+    index_path = wandb_dir(record["profile"], results_root) / MIRRORED_INDEX
+    with FileLock(f"{index_path}.lock", timeout=600):
+        _, index = _index(record["profile"], results_root)
+        index[record["config_key"]] = {"result": str(path), "run_dir": run_dir, "mode": mode}
+        write_json_atomic(index_path, index)
     return run_dir
 
 

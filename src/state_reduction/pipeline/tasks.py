@@ -66,15 +66,15 @@ def _eval_variants(spec: dict, profile: str, tables) -> dict[str, tuple[dict, st
     return out
 
 
-def plan_tasks(experiment: str, profile: str = "tiny", tables=None) -> list[Task]:
+def plan_tasks(experiment: str, profile: str = "tiny", tables=None, seeds=None) -> list[Task]:
     """The tasks of `tables` (default: every table of the experiment) on `profile`: one per model for the
     dense baseline, then one per distinct cell (a cell shared by several tables is one task, with the
-    evaluations each of them needs), in table order."""
+    evaluations each of them needs), in table order. `seeds`: replicate seeds, as run-table --seeds."""
     spec = load_experiment(experiment)
     tables = list(tables or spec["tables"])
     models, cells = {}, {}
     for table in tables:
-        keys, table_cells_, rft_states = table_cells(spec, table, profile)
+        keys, table_cells_, rft_states = table_cells(spec, table, profile, seeds)
         sfx = table_evaluate(spec, table, profile)[1]
         for k in keys:
             models.setdefault(k, {})[(sfx, False)] = None
@@ -85,8 +85,8 @@ def plan_tasks(experiment: str, profile: str = "tiny", tables=None) -> list[Task
             + [Task(c.name, c.model, c, tuple(e)) for c, e in cells.items()])
 
 
-def find_task(experiment: str, name: str, profile: str = "tiny", tables=None) -> Task:
-    tasks = {t.name: t for t in plan_tasks(experiment, profile, tables)}
+def find_task(experiment: str, name: str, profile: str = "tiny", tables=None, seeds=None) -> Task:
+    tasks = {t.name: t for t in plan_tasks(experiment, profile, tables, seeds)}
     if name not in tasks:
         close = difflib.get_close_matches(name, tasks, n=3)
         raise PipelineError(f"experiment {experiment!r} ({profile} profile) has no task {name!r}"
@@ -95,11 +95,11 @@ def find_task(experiment: str, name: str, profile: str = "tiny", tables=None) ->
 
 
 def task_jobs(experiment: str, name: str, profile: str = "tiny", tables=None, stages=STAGES, results_root=None,
-              data_dir=None):
+              data_dir=None, seeds=None):
     """(runner, [(stage, [(result name, config)], stage function)]) of one task, restricted to `stages`: the
     model stages once, each evaluation once per evaluation setting of the task's tables."""
     spec = load_experiment(experiment)
-    task = find_task(experiment, name, profile, tables)
+    task = find_task(experiment, name, profile, tables, seeds)
     variants = _eval_variants(spec, profile, list(tables or spec["tables"]))
     wanted = tuple(s for s in task.stages if s in stages)
     jobs, runner, model_stages_done = [], None, False
@@ -119,17 +119,45 @@ def task_jobs(experiment: str, name: str, profile: str = "tiny", tables=None, st
 
 
 def run_task(experiment: str, name: str, profile: str = "tiny", tables=None, stages=STAGES, results_root=None,
-             data_dir=None) -> list[Path]:
+             data_dir=None, seeds=None) -> list[Path]:
     """Run what is missing of one task of plan_tasks (a job array element); return its result files."""
     spec = load_experiment(experiment)
-    task = find_task(experiment, name, profile, tables)
+    task = find_task(experiment, name, profile, tables, seeds)
     require_hub_for(profile, "run the task")
     variants = _eval_variants(spec, profile, list(tables or spec["tables"]))
     for sfx in dict(task.evals):
         check_context(spec, profile, [task.model], evaluate=variants[sfx][0])
     torch.manual_seed(0)
-    runner, jobs = task_jobs(experiment, name, profile, tables, stages, results_root, data_dir)
+    runner, jobs = task_jobs(experiment, name, profile, tables, stages, results_root, data_dir, seeds)
     paths = []
     for _, step_jobs, fn in jobs:
         paths += runner.sweep(step_jobs, fn)
     return paths
+
+
+def _worker_init(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _run_task_in_worker(args: tuple) -> list[Path]:
+    experiment, name, profile, tables, stages, results_root, data_dir, seeds = args
+    return run_task(experiment, name, profile, tables, stages, results_root, data_dir, seeds)
+
+
+def run_tasks_in_workers(experiment: str, table: str, profile: str, workers: int, stages=STAGES, results_root=None,
+                         data_dir=None, seeds=None) -> list[Path]:
+    """run_table's work as `workers` processes on one machine: each takes the next task of plan_tasks (a model's
+    dense baseline, or every stage of one cell) until none is left, with torch's threads split between them (tiny
+    models run best on one thread each). A cell's stages depend only on its own results and the dense checkpoint,
+    so tasks never wait for one another; the results are the files, config keys and metrics of one process
+    (tests/test_pipeline_workers.py). Baselines go first; a failed task stops the run with its error once the
+    tasks in flight are done, and every finished result is kept (a rerun runs only what is missing)."""
+    import multiprocessing
+
+    tasks = plan_tasks(experiment, profile, [table], seeds)
+    threads = max(1, torch.get_num_threads() // workers)
+    jobs = [(experiment, t.name, profile, [table], tuple(stages), results_root, data_dir, seeds) for t in tasks]
+    # spawn: a fresh interpreter per worker (a forked torch with live OpenMP threads can deadlock)
+    with multiprocessing.get_context("spawn").Pool(min(workers, len(jobs)), _worker_init, (threads,)) as pool:
+        paths = [p for done in pool.imap(_run_task_in_worker, jobs, chunksize=1) for p in done]
+    return list(dict.fromkeys(paths))
