@@ -47,3 +47,13 @@ def test_a_bad_worker_count_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["run-table", "table20", "--experiment", _experiment(tmp_path), "--workers", "0"])
     assert e.value.code == 2 and "--workers" in capsys.readouterr().err
+
+
+def test_a_workers_error_reaches_the_parent_whole():
+    """A worker's project error crosses the process boundary by pickle with its type, message and hint."""
+    import pickle
+
+    from state_reduction.rft import RFTError
+
+    e = pickle.loads(pickle.dumps(RFTError("run exists", hint="rerun with --overwrite")))
+    assert type(e) is RFTError and isinstance(e, ValueError) and str(e) == "run exists; rerun with --overwrite"
