@@ -19,9 +19,6 @@ class Error(Exception):
     def __str__(self) -> str:
         return self.message + (f"; {self.hint}" if self.hint else "")
 
-    def __reduce__(self):  # pickled whole (run-table --workers hands a worker's error to the parent): the hint too
-        return type(self), (self.message, self.hint)
-
     def one_line(self) -> str:
         return " ".join(str(self).split())
 

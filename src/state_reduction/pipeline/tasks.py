@@ -150,8 +150,8 @@ def run_tasks_in_workers(experiment: str, table: str, profile: str, workers: int
     dense baseline, or every stage of one cell) until none is left, with torch's threads split between them (tiny
     models run best on one thread each). A cell's stages depend only on its own results and the dense checkpoint,
     so tasks never wait for one another; the results are the files, config keys and metrics of one process
-    (tests/test_pipeline_workers.py). Baselines go first. A failed task stops the run with its error (pickled whole,
-    errors.Error.__reduce__); the other workers are stopped as by a kill, so what they had not finished is discarded,
+    (tests/test_pipeline_workers.py). Baselines go first. A failed task stops the run with its error (a project error pickles
+    whole: type, message, hint); the other workers are stopped as by a kill, so what they had not finished is discarded,
     and every finished result is kept (a rerun runs only what is missing)."""
     import multiprocessing
 
