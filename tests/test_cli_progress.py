@@ -52,3 +52,22 @@ def test_on_a_terminal_or_with_a_users_interval_nothing_changes(fresh_tqdm, monk
     monkeypatch.setenv("TQDM_MININTERVAL", "2")
     quiet_progress_off_tty(io.StringIO())
     assert tqdm_std.tqdm(range(3), file=io.StringIO()).mininterval == 0.1  # tqdm read it at import, not here
+
+
+def test_a_run_table_worker_sets_the_default_again(fresh_tqdm, monkeypatch):
+    """run-table --workers spawns fresh interpreters, which do not inherit the CLI's default: the worker's
+    initialiser sets it."""
+    import sys
+
+    import torch
+
+    from state_reduction.pipeline.tasks import _worker_init
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    threads = torch.get_num_threads()
+    try:
+        _worker_init(1)
+    finally:
+        torch.set_num_threads(threads)
+    init = tqdm_std.tqdm.__dict__["__init__"]
+    assert isinstance(init, functools.partialmethod) and init.keywords["mininterval"] == QUIET_PROGRESS_INTERVAL_S

@@ -57,3 +57,4 @@ def test_a_workers_error_reaches_the_parent_whole():
 
     e = pickle.loads(pickle.dumps(RFTError("run exists", hint="rerun with --overwrite")))
     assert type(e) is RFTError and isinstance(e, ValueError) and str(e) == "run exists; rerun with --overwrite"
+

@@ -136,6 +136,10 @@ def run_task(experiment: str, name: str, profile: str = "tiny", tables=None, sta
 
 
 def _worker_init(threads: int) -> None:
+    # a spawned worker starts from a fresh tqdm: its bars are as quiet off a terminal as the parent's (the CLI's)
+    from state_reduction.cli import quiet_progress_off_tty
+
+    quiet_progress_off_tty()
     torch.set_num_threads(threads)
 
 
