@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from state_reduction.ralimp.errors import RalimpError
-from state_reduction.ralimp.gated import GatedLinearization, gated_weights
+from state_reduction.ralimp.gated import GATED_NAMES, GatedLinearization, gated_weights
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -106,6 +106,10 @@ def replace_last_mlps(model: nn.Module, k, input_ids: torch.Tensor, *, method: s
     (fit_to_dense); `report` (a dict) receives per layer the relative errors of fit_to_dense."""
     indices = check_layer_count(model, k)
     layers = decoder_layers(model)
+    for i in indices:
+        if getattr(layers[i], "mlp", None) is None:
+            raise RalimpError(f"ralimp: gated form requested but layer {i} of {type(model).__name__} has no MLP "
+                              f"(needs a gated MLP with {', '.join(GATED_NAMES)})")
     weights = {i: gated_weights(layers[i].mlp, where=f"layer {i} mlp") for i in indices}
     inputs = mlp_inputs(model, indices, input_ids)
     with torch.no_grad():  # the dense outputs, before any layer is replaced (each fit sees the dense model's inputs)
