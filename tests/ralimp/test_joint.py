@@ -183,6 +183,39 @@ def test_joint_cell_through_the_pipeline(tmp_path):
     assert structure_costs(pruned)["state_bytes"] == m["state_bytes_after"]
 
 
+@pytest.mark.slow  # a fresh interpreter imports the whole stack (~3 min on the loaded two-core machine)
+def test_mlp_only_cell_in_a_fresh_process(tmp_path):
+    """A linearize cell with no selector (nothing else in the process installs the CPU backend first) runs: the
+    first full run failed there with Triton's "0 active drivers"."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    config = tmp_path / "mlp.yaml"
+    config.write_text(textwrap.dedent(f"""
+        experiment: mlp_test
+        methods: [eugen-k1]
+        profiles:
+          tiny:
+            models:
+              dn: {{path: {CHECKPOINTS / 'deltanet'}, stands_for: [DN]}}
+            prune: {{calib: ptb, n_calib: 2, seq_len: 16, seed: 0, linearize: {{budget: 8, rank: 8, fit_steps: 2}}}}
+            evaluate: {{suite: tiny_wiki, batch_size: 8, max_length: 64, limit: 1}}
+        tables:
+          t: {{models: [DN], ratios: [0.0], rft: [false]}}
+        """))
+    code = (f"from state_reduction.pipeline import run_table; import json; "
+            f"print(json.dumps([str(p) for p in run_table({str(config)!r}, 't', 'tiny', "
+            f"results_root={str(tmp_path / 'r')!r}, stages=('prune',))]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    (path,) = json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(Path(path).read_text())
+    assert result["extra"]["replaced_layers"] == [3] and result["extra"]["ralimp"]["method"] == "eugen"
+
+
 def test_paper_plan_dry_runs():
     from state_reduction.pipeline import plan_table
 

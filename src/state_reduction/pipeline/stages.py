@@ -300,6 +300,7 @@ def run_linearize(runner: Runner, name: str, config: dict) -> dict:
     settings = dict(config.get("linearize") or {})
     fit_steps, fit_lr = settings.pop("fit_steps", 0), settings.pop("fit_lr", 3e-3)
     spec = method_spec(parsed.method, settings.pop("budget", 32), settings.pop("rank", 128), **settings)
+    install_cpu_backend()
     with measure() as m:
         source, state = dense_path, None
         if parsed.selector is not None:
