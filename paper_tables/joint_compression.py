@@ -193,7 +193,9 @@ def figure(g: dict, rs: list[dict], out_dir: Path) -> list[Path]:
             ax.set_xlabel(xlabel, fontsize=7)
             ax.set_title(model, fontsize=8)
         row[0].set_ylabel(METRIC[g["profile"]][1] + ", post-RFT", fontsize=7)
-    axes[0][-1].legend(fontsize=6, loc="best")
+    labelled = [ax for row in axes for ax in row if ax.get_legend_handles_labels()[0]]
+    if labelled:
+        labelled[-1].legend(fontsize=6, loc="best")
     fig.tight_layout()
     return save_figure(fig, out_dir / "joint_compression_pareto", dpi=130)
 
