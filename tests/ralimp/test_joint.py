@@ -183,7 +183,7 @@ def test_joint_cell_through_the_pipeline(tmp_path):
     assert structure_costs(pruned)["state_bytes"] == m["state_bytes_after"]
 
 
-@pytest.mark.slow  # a fresh interpreter imports the whole stack (~3 min on the loaded two-core machine)
+@pytest.mark.slow  # a fresh interpreter imports the whole stack: 17 s idle, ~3 min on the loaded two-core machine
 def test_mlp_only_cell_in_a_fresh_process(tmp_path):
     """A linearize cell with no selector (nothing else in the process installs the CPU backend first) runs: the
     first full run failed there with Triton's "0 active drivers"."""
