@@ -57,8 +57,6 @@ class FoldedMLP(nn.Module):
         return self.folded(x)
 
 
-_FoldedMLP = FoldedMLP
-
 
 def deployed(model):
     """A copy of `model` whose linearized MLPs are folded (the inference form)."""
