@@ -29,6 +29,9 @@ RENDERERS = {"calibration_sensitivity": "paper_tables.ablation_tables",
 WHOLE_EXPERIMENT = {"mqar_recall", "state_vs_structure"}
 # experiments whose tables are computed by analyses (`state-reduction run-analysis`) rather than run-table
 ANALYSIS_EXPERIMENTS = {"rank_analysis"}
+# experiments whose one renderer draws every table they declare, under the experiment's name (`render <experiment>`;
+# its tables are run one by one, e.g. one per family)
+EXPERIMENT_RENDERERS = {"joint_compression": "paper_tables.joint_compression"}
 # outputs that no pipeline experiment declares: speed benchmarks (`state-reduction bench`) and the RaLiMP benchmark
 UNDECLARED = {"table17": "paper_tables.speed.table17", "table18": "paper_tables.speed.table18",
               "table19": "paper_tables.speed.table19", "figure4": "paper_tables.speed.figure4",
@@ -46,7 +49,7 @@ def layouts() -> dict:
 
 def targets() -> list[str]:
     """Every table and figure `render` accepts."""
-    return sorted([*table_spec.declared_tables(), *UNDECLARED], key=lambda t: (len(t), t))
+    return sorted([*table_spec.declared_tables(), *UNDECLARED, *EXPERIMENT_RENDERERS], key=lambda t: (len(t), t))
 
 
 def render(table: str, profile: str = "tiny", experiment: str | None = None, results_root=None,
@@ -56,6 +59,11 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
     figures/). `seeds`: the replicate seeds shown (language-modelling tables only)."""
     if table in UNDECLARED:
         return _render_undeclared(table, profile, results_root, out_root, figures_root, seeds)
+    if table in EXPERIMENT_RENDERERS:
+        if seeds is not None:
+            raise TableSpecError(f"{table}: --seeds applies to the language-modelling tables only")
+        return importlib.import_module(EXPERIMENT_RENDERERS[table]).render(profile, results_root, out_root=out_root,
+                                                                          figures_root=figures_root)
     if table not in table_spec.declared_tables() and experiment is None:
         raise TableSpecError(f"{table_spec.EXPERIMENTS_DIR}/*/config.yaml: no experiment declares table {table!r} "
                              f"under `tables:`, and it is not one of {', '.join(UNDECLARED)}; "
@@ -92,6 +100,9 @@ def run_missing(table: str, profile: str = "tiny", experiment: str | None = None
     runners: nothing here."""
     if table in UNDECLARED:
         return []
+    if table in EXPERIMENT_RENDERERS:
+        tables = importlib.import_module(EXPERIMENT_RENDERERS[table]).tables_of(load_experiment(table), profile)
+        return [p for t in tables for p in run_table(table, t, profile, results_root=results_root)]
     experiment = table_spec.owner(table, experiment)
     spec = load_experiment(experiment)
     if spec["experiment"] in ANALYSIS_EXPERIMENTS:

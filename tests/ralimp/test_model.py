@@ -37,7 +37,7 @@ def test_replace_last_k():
 def test_too_many_layers():
     model = _gdn()
     ids = torch.zeros(1, 8, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"replace_layers=4 but .* has 3 decoder layers \(accepted: 1..3\)"):
+    with pytest.raises(ValueError, match=r"replace_layers=4 but .* has 3 decoder layers \(accepted: 1..3 or 'all'\)"):
         replace_last_mlps(model, 4, ids)
     with pytest.raises(ValueError, match="replace_layers=0"):
         replace_last_mlps(model, 0, ids)

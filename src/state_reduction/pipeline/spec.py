@@ -60,6 +60,9 @@ class PruneSettings:
     decode: Union[dict[str, Any], None] = None  # pruning.shed.decode_timing settings
     search: str = "greedy"  # structure removal (shed-* methods)
     group_size: int = 64
+    # MLP linearization (linearize stage, `<method>-k<k>` methods): budget, rank, fit_steps, fit_lr and the
+    # method's own options (ralimp.layers)
+    linearize: Union[dict[str, Any], None] = None
 
 
 @dataclass(frozen=True)

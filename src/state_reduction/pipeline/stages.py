@@ -2,8 +2,8 @@
 cells a paper table needs, on either profile.
 
 A stage kind is registered once (`register_stage`): a function (runner, result name, configuration) -> result
-record. The pipeline's own kinds are `prune` (key channels), `shed` (structure removal, pruning.shed), `rft` and
-`evaluate`; other modules add theirs (analysis.experiment registers `analyze`) and run them through
+record. The pipeline's own kinds are `prune` (key channels), `shed` (structure removal, pruning.shed), `linearize` (MLP
+linearization, ralimp.linearize), `rft` and `evaluate`; other modules add theirs (analysis.experiment registers `analyze`) and run them through
 `Runner.sweep`, which keys, resumes and mirrors every result as the pipeline's own stages are.
 
 `run_table(experiment, table, profile)` runs every missing stage and returns the result files. Each stage is a
@@ -18,6 +18,7 @@ results/<profile>/<experiment>/models/.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -29,7 +30,8 @@ from transformers import AutoModelForCausalLM
 
 from state_reduction.atomic import is_complete
 from state_reduction.backend import install_cpu_backend
-from state_reduction.checkpoints import load_model, load_tokenizer
+from state_reduction.checkpoints import load_model, load_tokenizer, save_model_atomic
+from state_reduction.data import sample_sequences
 from state_reduction.devices import compute_dtype, resolve_device
 from state_reduction.evaluation import evaluate
 from state_reduction.evaluation.longctx import check_model_path
@@ -47,6 +49,8 @@ from state_reduction.pipeline.spec import (
 )
 from state_reduction.pruning.prune import PruneConfig, prune, prune_result
 from state_reduction.pruning.shed import decode_timing, parse_structure_method, prune_cell, shed_result, structure_costs
+from state_reduction.ralimp.linearize import fit_metrics, linearize_model, method_spec, parse_linearize_method
+from state_reduction.ralimp.linearize import measure as measure_linearized
 from state_reduction.results import (
     build_result,
     config_key,
@@ -97,9 +101,14 @@ def get_stage(name: str) -> Stage:
     return STAGE_REGISTRY[name]
 
 
+# method-name parsers of the stage kinds other than `prune` (key channels), in the order they are tried
+REDUCTION_KINDS = (("shed", parse_structure_method), ("linearize", parse_linearize_method))
+
+
 def prune_kind(method: str) -> str:
-    """The stage kind that makes the pruned model of `method`: `shed` for structure removal, else `prune`."""
-    return "shed" if parse_structure_method(method) is not None else "prune"
+    """The stage kind that makes the reduced model of `method`: `shed` for structure removal, `linearize` for MLP
+    linearization (optionally after key channels), else `prune`."""
+    return next((kind for kind, parse in REDUCTION_KINDS if parse(method) is not None), "prune")
 
 
 def check_context(spec: dict, profile: str, keys, local_only: bool = False, evaluate: dict | None = None) -> None:
@@ -275,6 +284,49 @@ def run_shed(runner: Runner, name: str, config: dict) -> dict:
         result["model"] = kc["model"]
         result["wall_time_s"] += kc["wall_time_s"]
     return _with_costs(runner, cell, config, folder, result)
+
+
+@register_stage("linearize")
+def run_linearize(runner: Runner, name: str, config: dict) -> dict:
+    """MLP linearization (`[<selector>+]<method>-k<k>`, ralimp.linearize): the last k gated MLPs of the dense model,
+    or of the selector's key-channel-pruned model at the cell's ratio (the same pruned model as the selector's own
+    cell), replaced, initialised by least squares, fitted to the dense MLPs' outputs, saved as the registered
+    variant. With the profile's `costs: true`: parameters / state bytes / FLOPs of the dense and the deployed
+    (folded) model, and with `decode:` their decode time side by side, as for the other reduction stages."""
+    cell = runner.cell_of(config)
+    parsed = parse_linearize_method(cell.method)
+    folder = runner.model_dir(cell, "prune", config)
+    dense_path = runner.dense(cell.model)["path"]
+    settings = dict(config.get("linearize") or {})
+    fit_steps, fit_lr = settings.pop("fit_steps", 0), settings.pop("fit_lr", 3e-3)
+    spec = method_spec(parsed.method, settings.pop("budget", 32), settings.pop("rank", 128), **settings)
+    install_cpu_backend()
+    with measure() as m:
+        source, state = dense_path, None
+        if parsed.selector is not None:
+            source = runner.ensure_pruned(Cell(cell.model, parsed.selector, cell.ratio, cell.vary))
+            state = json.loads((Path(source) / "selection.json").read_text())
+        torch.manual_seed(config["seed"])
+        model = load_model(str(source)).eval()
+        tokenizer = load_tokenizer(str(source))
+        ids = sample_sequences(tokenizer, config["calib"], config["n_calib"], config["seq_len"], config["seed"],
+                               stream="calibration", data_dir=runner.data_dir)
+        variant, idx, report, init_s = linearize_model(model, ids, parsed.k, spec=spec, seed=config["seed"],
+                                                       fit_steps=fit_steps, fit_lr=fit_lr)
+        save_model_atomic(variant, tokenizer, folder, overwrite=True)
+    metrics = {"init_time_s": init_s, **fit_metrics(report)}
+    if state is not None:
+        metrics.update(key_dim_before=state["key_dim_before"], key_dim_after=state["key_dim_after"])
+    if config.get("costs"):
+        dense = AutoModelForCausalLM.from_pretrained(dense_path).eval()
+        metrics.update(measure_linearized(dense, AutoModelForCausalLM.from_pretrained(str(folder)).eval(), idx,
+                                          config.get("decode")))
+    return build_result("prune", profile=runner.profile, experiment=runner.spec["experiment"], config=config,
+                        metrics=metrics, model=model_entry(folder), data={}, seeds={"selection": config["seed"]},
+                        wall_time_s=m["wall_time_s"],
+                        extra={"replaced_layers": idx, "fit": {str(i): r for i, r in report.items()}, "ralimp": spec,
+                               "source_model": str(source),
+                               **({"selection_file": str(Path(source) / "selection.json")} if state else {})})
 
 
 def _with_costs(runner: Runner, cell: Cell, config: dict, folder: Path, result: dict) -> dict:

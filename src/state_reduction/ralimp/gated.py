@@ -18,20 +18,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from state_reduction.ralimp.errors import RalimpError
 from state_reduction.ralimp.layers import build_linearization
 
 GATED_NAMES = ("gate_proj", "up_proj", "down_proj")
 
 
 def gated_weights(mlp: nn.Module, where: str = "mlp") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(G [F, d], U [F, d], W_d [d_out, F]) of a SwiGLU MLP; ValueError for an MLP that is not gated."""
+    """(G [F, d], U [F, d], W_d [d_out, F]) of a SwiGLU MLP; RalimpError for an MLP that is not gated."""
     missing = [n for n in GATED_NAMES if not isinstance(getattr(mlp, n, None), nn.Linear)]
     if missing:
-        raise ValueError(f"ralimp: gated form requested but {where} ({type(mlp).__name__}) is not a gated MLP: "
+        raise RalimpError(f"ralimp: gated form requested but {where} ({type(mlp).__name__}) is not a gated MLP: "
                          f"no {', '.join(missing)} (needs {', '.join(GATED_NAMES)})")
     act = getattr(mlp, "hidden_act", "swish")
     if act not in ("swish", "silu"):
-        raise ValueError(f"ralimp: gated form linearizes SiLU, but {where} has hidden_act={act!r} (accepted: swish, silu)")
+        raise RalimpError(f"ralimp: gated form linearizes SiLU, but {where} has hidden_act={act!r} (accepted: swish, silu)")
     return mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
 
 
@@ -42,7 +43,7 @@ class GatedLinearization(nn.Module):
                  budget: int = 32, calib_t: torch.Tensor, seed: int = 0, **options):
         super().__init__()
         if int(rank) != rank or rank < 1:
-            raise ValueError(f"ralimp: rank must be an integer >= 1, got {rank!r}")
+            raise RalimpError(f"ralimp: rank must be an integer >= 1, got {rank!r}")
         self.gate = build_linearization(method, gate, "silu", budget, calib_t=calib_t, seed=seed, **options)
         d = gate.shape[1]
         gen = torch.Generator().manual_seed(int(seed) + 7919)

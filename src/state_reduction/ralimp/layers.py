@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from state_reduction.ralimp.errors import RalimpError
 from state_reduction.ralimp.features import complex_exp_features, eugen_features
 from state_reduction.ralimp.quadrature import gauss_laguerre, node_coefficients
 
@@ -57,7 +58,7 @@ def _choice(kind: str, name: str, options) -> str:
         return name
     close = difflib.get_close_matches(str(name), list(options), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"ralimp: unknown {kind} {name!r}, expected one of {', '.join(sorted(options))}{hint}")
+    raise RalimpError(f"ralimp: unknown {kind} {name!r}, expected one of {', '.join(sorted(options))}{hint}")
 
 
 def activation(name: str):
@@ -66,7 +67,7 @@ def activation(name: str):
 
 def _check_tau(tau: float) -> float:
     if not (isinstance(tau, (int, float)) and tau > 0 and math.isfinite(tau)):
-        raise ValueError(f"ralimp: tau must be a finite number > 0, got {tau!r}")
+        raise RalimpError(f"ralimp: tau must be a finite number > 0, got {tau!r}")
     return float(tau)
 
 
@@ -94,7 +95,7 @@ class Linearization(nn.Module):
     def __init__(self, weight: torch.Tensor, activation_name: str, budget: int):
         super().__init__()
         if int(budget) != budget or budget < 1:
-            raise ValueError(f"ralimp: budget must be an integer >= 1, got {budget!r}")
+            raise RalimpError(f"ralimp: budget must be an integer >= 1, got {budget!r}")
         self.activation_name = _choice("activation", activation_name, ACTIVATIONS)
         self.budget = int(budget)
         self.out_features, self.in_features = weight.shape
@@ -203,7 +204,7 @@ def _calibration_u(calib_t: torch.Tensor, tau: float, sphere: bool, x_rms: float
     u = calib_t.double() / tau ** 2
     if sphere:
         if not x_rms:
-            raise ValueError("ralimp: sphere=True needs x_rms (the calibration RMS of |x|) for the least-squares init")
+            raise RalimpError("ralimp: sphere=True needs x_rms (the calibration RMS of |x|) for the least-squares init")
         u = u / x_rms
     return u
 
@@ -215,9 +216,9 @@ class EUGen(Linearization):
                  train_projections: bool = False):
         super().__init__(weight, activation_name, budget)
         if int(degree) != degree or degree < 1:
-            raise ValueError(f"ralimp: degree must be an integer >= 1, got {degree!r}")
+            raise RalimpError(f"ralimp: degree must be an integer >= 1, got {degree!r}")
         if budget < degree or budget % degree:
-            raise ValueError(f"ralimp: eugen budget {budget} must be a positive multiple of degree {degree}")
+            raise RalimpError(f"ralimp: eugen budget {budget} must be a positive multiple of degree {degree}")
         self.poly = EUGenBlock(self.in_features, degree, budget // degree, generator, train_projections)
         t = calib_t.double()
         with torch.no_grad():
@@ -243,16 +244,16 @@ class RaLiMP(Linearization):
         super().__init__(weight, activation_name, budget)
         tau = _check_tau(tau)
         if int(degree) != degree or degree < 1:
-            raise ValueError(f"ralimp: degree must be an integer >= 1, got {degree!r}")
+            raise RalimpError(f"ralimp: degree must be an integer >= 1, got {degree!r}")
         if poly_features < degree or poly_features % degree:
-            raise ValueError(f"ralimp: poly_features {poly_features} must be a positive multiple of degree {degree}")
+            raise RalimpError(f"ralimp: poly_features {poly_features} must be a positive multiple of degree {degree}")
         rational = budget - poly_features
         if rational < 2 * n_freq or rational % (2 * n_freq):
-            raise ValueError(f"ralimp: budget {budget} leaves {rational} rational features after poly_features "
+            raise RalimpError(f"ralimp: budget {budget} leaves {rational} rational features after poly_features "
                              f"{poly_features}; need a positive multiple of 2 x n_freq = {2 * n_freq} "
                              f"(budget >= {poly_features + 2 * n_freq})")
         if not atoms:
-            raise ValueError("ralimp: atoms must list at least one (A, B, p, q)")
+            raise RalimpError("ralimp: atoms must list at least one (A, B, p, q)")
         self.nodes = gauss_laguerre(n_freq, s_max)
         self.poly = EUGenBlock(self.in_features, degree, poly_features // degree, generator, train_projections)
         s, _ = self.nodes.tensors()
@@ -297,9 +298,9 @@ class SNNK(Linearization):
         super().__init__(weight, activation_name, budget)
         tau = _check_tau(tau)
         if not max_freq > 0:
-            raise ValueError(f"ralimp: snnk max_freq must be > 0, got {max_freq!r}")
+            raise RalimpError(f"ralimp: snnk max_freq must be > 0, got {max_freq!r}")
         if budget < 2 or budget % 2:
-            raise ValueError(f"ralimp: snnk budget must be an even number >= 2 (cos and sin towers), got {budget}")
+            raise RalimpError(f"ralimp: snnk budget must be an even number >= 2 (cos and sin towers), got {budget}")
         n = budget // 2
         t = calib_t.double()
         u = _calibration_u(t, tau, sphere, x_rms)
@@ -335,7 +336,7 @@ class LowRank(Linearization):
     def __init__(self, weight, activation_name, budget, *, calib_t, generator=None):
         super().__init__(weight, activation_name, budget)
         if budget > min(self.weight.shape):
-            raise ValueError(f"ralimp: lowrank rank {budget} exceeds min(out, in) = {min(self.weight.shape)}")
+            raise RalimpError(f"ralimp: lowrank rank {budget} exceeds min(out, in) = {min(self.weight.shape)}")
         t = calib_t.double()
         c = ridge_fit(torch.stack([torch.ones_like(t), t], -1), activation(activation_name)(t))
         U, S, Vh = torch.linalg.svd(self.weight.detach().double() * c[1], full_matrices=False)
@@ -372,6 +373,6 @@ def build_linearization(method: str, weight: torch.Tensor, activation_name: str,
                 and n not in ("calib_t", "generator")]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise ValueError(f"ralimp: method {method!r} has no option {unknown[0]!r}; accepted: {', '.join(accepted)}")
+        raise RalimpError(f"ralimp: method {method!r} has no option {unknown[0]!r}; accepted: {', '.join(accepted)}")
     gen = torch.Generator().manual_seed(int(seed))
     return cls(weight, activation_name, budget, calib_t=calib_t, generator=gen, **options)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from state_reduction.ralimp.errors import RalimpError
+
 MAX_ORDER = 150
 
 
@@ -41,9 +43,9 @@ class LaguerreNodes:
 def gauss_laguerre(n_freq: int, s_max: float | None = None) -> LaguerreNodes:
     """The n_freq retained Gauss-Laguerre nodes (all of the order-n_freq rule when s_max is None)."""
     if int(n_freq) != n_freq or n_freq < 1:
-        raise ValueError(f"ralimp: n_freq must be an integer >= 1, got {n_freq!r}")
+        raise RalimpError(f"ralimp: n_freq must be an integer >= 1, got {n_freq!r}")
     if s_max is not None and not s_max > 0:
-        raise ValueError(f"ralimp: s_max must be > 0 or None, got {s_max!r}")
+        raise RalimpError(f"ralimp: s_max must be > 0 or None, got {s_max!r}")
     order = int(n_freq)
     while True:
         with np.errstate(all="ignore"):   # high orders under/overflow in the weights' normalisation
@@ -55,7 +57,7 @@ def gauss_laguerre(n_freq: int, s_max: float | None = None) -> LaguerreNodes:
             return LaguerreNodes(tuple(float(v) for v in x[idx]), tuple(float(v) for v in w[idx]), order, dropped)
         order += 1
         if order > MAX_ORDER:
-            raise ValueError(f"ralimp: no Gauss-Laguerre rule up to order {MAX_ORDER} has {n_freq} nodes <= "
+            raise RalimpError(f"ralimp: no Gauss-Laguerre rule up to order {MAX_ORDER} has {n_freq} nodes <= "
                              f"s_max={s_max}; raise s_max or lower n_freq")
 
 
@@ -63,7 +65,7 @@ def node_coefficients(nodes: LaguerreNodes, A: float, B: float, p: float, q: flo
     """Per-node (gamma_k w_c,k, gamma_k w_s,k) of the shifted atom (A + B (u-p)) / ((u-p)^2 + q^2), at
     frequencies s_k / q."""
     if not q > 0:
-        raise ValueError(f"ralimp: atom width q must be > 0, got {q!r}")
+        raise RalimpError(f"ralimp: atom width q must be > 0, got {q!r}")
     s, g = np.asarray(nodes.nodes), np.asarray(nodes.weights)
     c_a, c_b = A / q ** 2, B / q
     phi = s * p / q

@@ -1,0 +1,17 @@
+# Joint compression (issue 18 part 4, experiments/joint_compression): per family (DeltaNet, Gated DeltaNet, the
+# Qwen3.5-style hybrid; JOINT_FAMILIES) the missing cells of its three tables (DRRQR alone, MLP linearization
+# alone, both: reduce, RFT, evaluate), the families in parallel processes (one thread each); then the table, the
+# Pareto figures and the generated verdicts. Resumable: a rerun runs only what is missing.
+#   make joint-compression [PROFILE=tiny]      (PROFILE=paper: the GDN 1.3B plan, joint_paper_*; --dry-run it first:
+#   state-reduction run-table joint_paper_both --profile paper --dry-run)
+JOINT_FAMILIES ?= deltanet gated_deltanet qwen3_5
+JOINT_GROUPS = $(if $(filter paper,$(PROFILE)),paper,$(JOINT_FAMILIES))
+.PHONY: joint-compression
+joint-compression: setup
+	@pids=""; for f in $(JOINT_GROUPS); do \
+	  ( for t in state mlp both; do \
+	      OMP_NUM_THREADS=1 $(VENV)/bin/state-reduction run-table joint_$${f}_$$t --profile $(PROFILE) || exit 1; \
+	    done ) & pids="$$pids $$!"; \
+	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; exit $$rc
+	$(VENV)/bin/state-reduction render joint_compression --profile $(PROFILE)
+	$(VENV)/bin/state-reduction verdicts joint_compression --profile $(PROFILE) --write
