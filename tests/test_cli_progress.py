@@ -61,7 +61,7 @@ def test_a_run_table_worker_sets_the_default_again(fresh_tqdm, monkeypatch):
 
     import torch
 
-    from state_reduction.pipeline.tasks import _worker_init
+    from state_reduction.pipeline.workers import _worker_init
 
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     threads = torch.get_num_threads()

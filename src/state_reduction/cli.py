@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
 import json
 import os
 import sys
 import warnings
 from pathlib import Path
-
-import tqdm.std as tqdm_std
 
 from state_reduction import tracking, wandb_workspace
 from state_reduction.atomic import publish_folder
@@ -25,6 +22,7 @@ from state_reduction.evaluation.run import HUB_SUITES, EvaluateConfig, _suite_ta
 from state_reduction.options import add_config_options, config_from_args, positive_int
 from state_reduction.pipeline import find_experiment, offline_cache, plan_table, run_table
 from state_reduction.prefetch import check_offline
+from state_reduction.progress import QUIET_PROGRESS_INTERVAL_S, quiet_progress_off_tty  # noqa: F401 (re-exported)
 from state_reduction.provenance import REPO_ROOT, TINY_CHECKPOINTS, TINY_MODELS_DIR
 from state_reduction.pruning.prune import PruneConfig, prune, prune_result
 from state_reduction.pruning.shed import STRUCTURE_METHODS, ShedConfig, shed, shed_result
@@ -300,24 +298,6 @@ def build_parser() -> argparse.ArgumentParser:
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module).register(sub)
     return p
-
-
-# Off a terminal (make, Slurm and CI logs) every progress bar, lm-eval's included, redraws at most every 30 s.
-QUIET_PROGRESS_INTERVAL_S = 30.0
-
-
-def quiet_progress_off_tty(stream=None) -> None:
-    """Give every tqdm bar created from now on a 30 s default redraw interval when `stream` (stderr) is not a
-    terminal. tqdm reads TQDM_* variables once, when it is imported, as a partialmethod over `tqdm.__init__`;
-    this adds one more default the same way. Bars that pass mininterval, and a TQDM_MININTERVAL the user set,
-    win; calling it twice changes nothing more."""
-    stream = sys.stderr if stream is None else stream
-    if (hasattr(stream, "isatty") and stream.isatty()) or "TQDM_MININTERVAL" in os.environ:
-        return
-    init = tqdm_std.tqdm.__dict__["__init__"]  # the partialmethod itself (attribute access unwraps it)
-    if isinstance(init, functools.partialmethod) and init.keywords.get("mininterval") == QUIET_PROGRESS_INTERVAL_S:
-        return
-    tqdm_std.tqdm.__init__ = functools.partialmethod(init, mininterval=QUIET_PROGRESS_INTERVAL_S)
 
 
 def main(argv=None) -> int:

@@ -448,10 +448,10 @@ def plan_table(experiment: str | None, table: str, profile: str = "tiny", result
 
 
 def run_table(experiment: str | None, table: str, profile: str = "tiny", results_root=None, data_dir=None,
-              stages=STAGES, seeds=None, workers: int = 1) -> list[Path]:
-    """Run what `table` needs and is missing; return the result files it reads. `experiment` None: the one
-    that declares the table (find_experiment); `seeds` overrides the table's replicate seeds (table_seeds);
-    `workers` > 1 runs its tasks in that many processes (pipeline.tasks.run_tasks_in_workers)."""
+              stages=STAGES, seeds=None) -> list[Path]:
+    """Run what `table` needs and is missing, in this process; return the result files it reads. `experiment`
+    None: the one that declares the table (find_experiment); `seeds` overrides the table's replicate seeds
+    (table_seeds). `pipeline.run_table` (pipeline.workers) can also run the table in several processes."""
     experiment = experiment or find_experiment(table)
     spec = load_experiment(experiment)
     keys, cells, rft_states = table_cells(spec, table, profile, seeds)
@@ -459,12 +459,6 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
         require_hub_for(profile, f"make {table}")
     evaluate = table_evaluate(spec, table, profile)
     check_context(spec, profile, keys, evaluate=evaluate[0])
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise PipelineError(f"--workers must be an integer >= 1, got {workers!r}")
-    if workers > 1:
-        from state_reduction.pipeline.tasks import run_tasks_in_workers  # tasks builds on this module
-
-        return run_tasks_in_workers(experiment, table, profile, workers, stages, results_root, data_dir, seeds)
     torch.manual_seed(0)
     runner = Runner(spec, profile, results_root, data_dir, evaluate=evaluate)
     paths = []

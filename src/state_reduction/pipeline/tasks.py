@@ -134,35 +134,3 @@ def run_task(experiment: str, name: str, profile: str = "tiny", tables=None, sta
         paths += runner.sweep(step_jobs, fn)
     return paths
 
-
-def _worker_init(threads: int) -> None:
-    # a spawned worker starts from a fresh tqdm: its bars are as quiet off a terminal as the parent's (the CLI's)
-    from state_reduction.cli import quiet_progress_off_tty
-
-    quiet_progress_off_tty()
-    torch.set_num_threads(threads)
-
-
-def _run_task_in_worker(args: tuple) -> list[Path]:
-    experiment, name, profile, tables, stages, results_root, data_dir, seeds = args
-    return run_task(experiment, name, profile, tables, stages, results_root, data_dir, seeds)
-
-
-def run_tasks_in_workers(experiment: str, table: str, profile: str, workers: int, stages=STAGES, results_root=None,
-                         data_dir=None, seeds=None) -> list[Path]:
-    """run_table's work as `workers` processes on one machine: each takes the next task of plan_tasks (a model's
-    dense baseline, or every stage of one cell) until none is left, with torch's threads split between them (tiny
-    models run best on one thread each). A cell's stages depend only on its own results and the dense checkpoint,
-    so tasks never wait for one another; the results are the files, config keys and metrics of one process
-    (tests/test_pipeline_workers.py). Baselines go first. A failed task stops the run with its error (a project error pickles
-    whole: type, message, hint); the other workers are stopped as by a kill, so what they had not finished is discarded,
-    and every finished result is kept (a rerun runs only what is missing)."""
-    import multiprocessing
-
-    tasks = plan_tasks(experiment, profile, [table], seeds)
-    threads = max(1, torch.get_num_threads() // workers)
-    jobs = [(experiment, t.name, profile, [table], tuple(stages), results_root, data_dir, seeds) for t in tasks]
-    # spawn: a fresh interpreter per worker (a forked torch with live OpenMP threads can deadlock)
-    with multiprocessing.get_context("spawn").Pool(min(workers, len(jobs)), _worker_init, (threads,)) as pool:
-        paths = [p for done in pool.imap(_run_task_in_worker, jobs, chunksize=1) for p in done]
-    return list(dict.fromkeys(paths))
