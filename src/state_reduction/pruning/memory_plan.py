@@ -84,9 +84,10 @@ def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, w
 
     Exact (meta model): weights, the largest block, everything outside the blocks, q/k rows, statistics.
     Estimates: `block_activations` = every Linear output and conv channel of one block alive at once for one
-    batch (B T sum(out_features) bytes), the calibration hooks' float64 copies of q, k and the projection input,
-    and Grad's logits (bf16 logits, their float32 copy and gradient: 10 bytes per entry) and autograd-saved tensors
-    (one block's activations again, plus the input gradient)."""
+    batch (B T sum(out_features) bytes) plus the family's scan intermediates (`scan_bytes_per_token`: Mamba-2's
+    torch chunk scan), the calibration hooks' float64 copies of q, k and the projection input, and Grad's logits
+    (bf16 logits, their float32 copy and gradient: 10 bytes per entry) and autograd-saved tensors (one block's
+    activations again, plus the input gradient)."""
     adapter = get_adapter(config)
     model = _meta_model(config)
     blocks = decoder_blocks(model)
@@ -99,6 +100,9 @@ def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, w
     grad_batch = max(1, min(batch_size, grad_tokens // seq_len))
     tokens, grad_tok = batch_size * seq_len, grad_batch * seq_len
     resid = 4 if getattr(config, "residual_in_fp32", False) else weight_bytes
+
+    scan_forward, scan_saved = adapter.scan_bytes_per_token(config, seq_len)
+    saved_per_output = adapter.autograd_saved_per_output or AUTOGRAD_SAVED_PER_OUTPUT
 
     def widths(block):
         return sum(m.out_features for m in block.modules() if isinstance(m, nn.Linear)) + \
@@ -115,9 +119,10 @@ def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, w
         "weights": _numel(model) * weight_bytes,
         "largest_block": max(_numel(b) for b in blocks) * weight_bytes,
         "outside_blocks": outside * weight_bytes,  # embeddings, final norm, lm_head
-        "block_activations": tokens * max(widths(b) for b in blocks) * weight_bytes,
+        "block_activations": tokens * (max(widths(b) for b in blocks) * weight_bytes + scan_forward),
         # Grad: one forward of grad_tok tokens, every block's autograd-saved tensors alive at the backward
-        "grad_block_saved": round(grad_tok * max(widths(b) for b in blocks) * weight_bytes * AUTOGRAD_SAVED_PER_OUTPUT),
+        "grad_block_saved": round(grad_tok * (max(widths(b) for b in blocks) * weight_bytes * saved_per_output
+                                              + scan_saved)),
         "grad_batch_hidden": grad_tok * d * resid,
         "hook_copies": tokens * (4 * H * K + 2 * max(qk_in.values())) * 8,
         "grad_hook_copies": grad_tok * (4 * H * K + 2 * max(qk_in.values())) * 8,
