@@ -13,6 +13,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from state_reduction.atomic import publish_folder
+from state_reduction.backend.vocabulary import fp32_except_vocabulary
+from state_reduction.devices import checkpoint_dtype
 from state_reduction.errors import InputError
 
 RECREATE = "re-create it (rerun what wrote it with --overwrite) or restore the folder from a good copy"
@@ -129,13 +131,22 @@ def load_config(path: str, what: str = "model"):
                          hint=RECREATE if is_local_path(path) else "check the hub id and your network") from None
 
 
-def load_model(path: str, what: str = "model", **kwargs):
-    """AutoModelForCausalLM.from_pretrained with the checks above and a finite-weights check."""
-    load_config(path, what)
+def load_model(path: str, what: str = "model", *, vocabulary_in_storage: bool = True, **kwargs):
+    """AutoModelForCausalLM.from_pretrained with the checks above and a finite-weights check. `dtype=torch.float32`
+    on a 16-bit checkpoint (fp32 compute on a CPU) keeps the embedding and head in the checkpoint's dtype, computing
+    in fp32 (backend.vocabulary; `vocabulary_in_storage=False`: every weight in fp32)."""
+    config = load_config(path, what)
     if is_local_path(path):
         check_checkpoint_files(path, what)
+    saved = checkpoint_dtype(config)
+    vocabulary_in_storage = vocabulary_in_storage and kwargs.get("dtype") is torch.float32 and \
+        saved in (torch.bfloat16, torch.float16)
+    if vocabulary_in_storage:
+        kwargs["dtype"] = saved
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        if vocabulary_in_storage:
+            fp32_except_vocabulary(model)
     except LOAD_ERRORS as e:
         raise InputError(f"cannot build {what} {path} from its config.json and weights: {type(e).__name__}: "
                          f"{_first_line(e)}",

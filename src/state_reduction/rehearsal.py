@@ -28,7 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from state_reduction.atomic import write_json_atomic, write_text_atomic
 from state_reduction.backend import install_cpu_backend
-from state_reduction.checkpoints import save_model_atomic
+from state_reduction.checkpoints import load_model, save_model_atomic
 from state_reduction.devices import compute_dtype, resolve_device
 from state_reduction.errors import InputError
 from state_reduction.evaluation import evaluate
@@ -118,11 +118,13 @@ class RehearsalConfig:
 
 
 def _predicted_prune(config, cfg: RehearsalConfig, method: str, streamed: bool) -> int:
-    """memory-plan's bytes for one prune on the CPU (fp32 weights): the calibration peak (weights included);
-    the weights alone for the weight-only selectors. Streamed on the CPU, home and device are one memory: the
-    host plan plus the device plan less the weights the device plan counts again."""
+    """memory-plan's bytes for one prune on the CPU (fp32 weights, the bf16 checkpoint's embedding and head kept in
+    bf16): the calibration peak (weights included); the weights alone for the weight-only selectors. Streamed on
+    the CPU, home and device are one memory: the host plan plus the device plan less the weights the device plan
+    counts again."""
     cuda = torch.cuda.is_available()  # prune computes on the GPU when present, in the checkpoint's bf16
-    p = plan(config, cfg.n_calib, cfg.seq_len, cfg.batch_size, weight_bytes=2 if cuda else 4, grad_tokens=2048)
+    p = plan(config, cfg.n_calib, cfg.seq_len, cfg.batch_size, weight_bytes=2 if cuda else 4, grad_tokens=2048,
+             vocab_bytes=2)
     selector = get_selector(method)
     if not selector.needs:
         return p["terms"]["weights"]
@@ -170,7 +172,7 @@ def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int
 
 def _reload(folder: Path, key_dim: int) -> None:
     device = resolve_device(None)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute_dtype(device)).to(device).eval()
+    model = load_model(str(folder), dtype=compute_dtype(device)).to(device).eval()
     found = get_adapter(model).key_heads(model.config)[1]
     if found != key_dim:
         raise RehearsalError(f"reload {folder}: key dim {found}, selection.json says {key_dim}")
@@ -183,7 +185,7 @@ def _reload(folder: Path, key_dim: int) -> None:
 
 def _evaluate(folder: Path, limit: int, suite: str) -> dict:
     device = resolve_device(None)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute_dtype(device)).to(device).eval()
+    model = load_model(str(folder), dtype=compute_dtype(device)).to(device).eval()
     out = evaluate(model, AutoTokenizer.from_pretrained(str(folder)), suite=suite, batch_size=2, max_length=256,
                    limit=limit)
     return out["metrics"]
