@@ -187,6 +187,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
         k_layer = keep if budget is None else budget.key_dims[ref.layer]
         selections[ref.layer] = selector(SelectorInput(stats.get(ref.layer), w_q.detach(), w_k.detach(), k_layer,
                                                        cfg.select, generator, ref.layer))
+        del w_q, w_k  # views of the projection: the last mixer's unreduced weight would live through the surgery
     lap("selection")
     reduce_model(model, selections)
     model.to(saved_dtype)  # computed in fp32 on a CPU; saved in the checkpoint's own dtype
