@@ -335,7 +335,7 @@ def write_readme(readme: Path, *, profile: str = "paper", results_root=None) -> 
 def _cmd_rehearse(args) -> int:
     cfg = RehearsalConfig(models=args.models, out=args.out, layers=args.layers, first_layer=args.first_layer,
                           methods=args.methods,
-                          ratios=args.ratios, streamed=[False, True] if not args.no_streamed else [False],
+                          ratios=args.ratios, streamed=[True] if args.only_streamed else [False] if args.no_streamed else [False, True],
                           n_calib=args.n_calib, seq_len=args.seq_len, batch_size=args.batch_size,
                           rft_steps=args.rft_steps, eval_limit=args.eval_limit, eval_suite=args.eval_suite,
                           bench_steps=args.bench_steps,
@@ -358,6 +358,8 @@ def register(subparsers) -> None:
     p.add_argument("--methods", nargs="+", default=None, help="selectors (default: all)")
     p.add_argument("--ratios", nargs="+", type=float, default=[0.5, 0.75])
     p.add_argument("--no-streamed", action="store_true", help="skip the layer-streamed prunes")
+    p.add_argument("--only-streamed", action="store_true", help="only the layer-streamed prunes (the paper "
+                   "profile's for Mamba-2 and Qwen3.5)")
     p.add_argument("--n-calib", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=2)

@@ -46,12 +46,12 @@ class Fp32ComputeEmbedding(nn.Embedding):
 
 class Fp32ComputeHead(nn.Linear):
     """An output head stored in 16 bits that computes its logits in fp32. A head that trains (weight requiring
-    grad) upcasts its whole weight per call, so that autograd sees an ordinary linear."""
+    grad, grad mode on) upcasts its whole weight per call, so that autograd sees an ordinary linear."""
 
     def forward(self, x):
         x = x.float()
         bias = None if self.bias is None else self.bias.float()
-        if self.weight.requires_grad:
+        if self.weight.requires_grad and torch.is_grad_enabled():
             return F.linear(x, self.weight.float(), bias)
         out = _Fp32Head.apply(x, self.weight)
         return out if bias is None else out + bias
