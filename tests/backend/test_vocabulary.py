@@ -42,3 +42,26 @@ def test_bf16_vocabulary_computes_like_the_fp32_model(tmp_path, monkeypatch):
 
     copy = reduced_copy(mixed.eval(), keep=config.linear_key_head_dim // 2)
     assert copy.lm_head.weight is mixed.lm_head.weight and copy.model.embed_tokens.weight is mixed.model.embed_tokens.weight
+
+
+def test_a_head_that_requires_grad_upcasts_by_blocks_without_grad_mode():
+    """Loaded weights require grad: a no-grad forward (evaluation, decoding) must not upcast the whole head."""
+    head = torch.nn.Linear(128, 65536, bias=False).to(torch.bfloat16)  # 32 MiB in fp32
+    vocabulary.fp32_except_vocabulary(_Wrapper(head))
+    x = torch.randn(1, 4, 128)
+    with torch.no_grad(), HeapPeak() as peak:
+        logits = head(x)
+    assert peak.peak < 65536 * 128 * 4 / 2
+    torch.testing.assert_close(logits, x @ head.weight.float().T)
+
+
+class _Wrapper(torch.nn.Module):
+    def __init__(self, head):
+        super().__init__()
+        self.head = head
+
+    def get_input_embeddings(self):
+        return None
+
+    def get_output_embeddings(self):
+        return self.head
