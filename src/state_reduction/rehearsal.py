@@ -34,7 +34,7 @@ from state_reduction.errors import InputError
 from state_reduction.evaluation import evaluate
 from state_reduction.models.families import get_adapter
 from state_reduction.peak_memory import HeapPeak, cuda_peak_bytes, host_peak_rss_bytes
-from state_reduction.provenance import REPO_ROOT, TINY_MODELS_DIR
+from state_reduction.provenance import REPO_ROOT, TINY_MODELS_DIR, collect_provenance
 from state_reduction.pruning.memory_plan import plan
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.pruning.selectors import SELECTORS, get_selector
@@ -223,6 +223,7 @@ def rehearse(cfg: RehearsalConfig) -> dict:
     rows: list[dict] = []
     _PARTIAL[0] = work / "rehearsal.partial.json"
     t0 = time.time()
+    started = collect_provenance()  # the code that runs (the result's provenance is read when it is written)
     for name in cfg.models:
         config = model_config(name, cfg.layers, cfg.first_layer)
         dense = work / f"{name}-dense"
@@ -273,7 +274,8 @@ def rehearse(cfg: RehearsalConfig) -> dict:
             shutil.rmtree(folder, ignore_errors=True)
     record = {"config": asdict(cfg), "device": str(resolve_device(None)), "rows": rows,
               "all_ok": all(r["ok"] for r in rows), "flagged": sum(bool(r.get("flagged")) for r in rows),
-              "wall_time_s": round(time.time() - t0, 1)}
+              "wall_time_s": round(time.time() - t0, 1),
+              "code_at_start": {k: started.get(k) for k in ("git_commit", "git_dirty")}}
     write_json_atomic(work / "rehearsal.json", record)
     return record
 
@@ -303,7 +305,8 @@ def write_outputs(record: dict, *, profile: str = "paper", results_root=None, re
                "max_heap_peak_bytes": max((r["heap_peak_bytes"] for r in record["rows"]), default=0)}
     result = build_result("bench", profile=profile, experiment="rehearsal", config=cfg, metrics=metrics, model=None,
                           data={}, seeds={"init": cfg["seed"]}, wall_time_s=record["wall_time_s"],
-                          extra={"rows": record["rows"], "device": record["device"]})
+                          extra={"rows": record["rows"], "device": record["device"],
+                                 "code_at_start": record.get("code_at_start")})
     path = results_dir(profile, "rehearsal", results_root) / f"rehearsal-{tag}-{record['device']}.json"
     write_result(path, result)
     if readme is not None:
@@ -324,9 +327,11 @@ def write_readme(readme: Path, *, profile: str = "paper", results_root=None) -> 
         cfg, m = r["config"], r["metrics"]
         shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
         window = f" from layer_types[{cfg['first_layer']}]" if cfg.get("first_layer") else ""
+        start = (r["extra"].get("code_at_start") or {}).get("git_commit")
+        code = f"; ran commit {start[:7]}" if start and start != r["provenance"].get("git_commit") else ""
         blocks.append(f"`{shown}`: {', '.join(cfg['models'])}; {cfg['layers']} blocks{window}; {r['extra']['device']}; "
                       f"{r['wall_time_s']:.0f} s; {m['stages']} stages, {m['failed']} failed, {m['flagged']} plans "
-                      f"off by > 25%; largest heap peak {m['max_heap_peak_bytes'] / 2**30:.2f} GiB\n\n"
+                      f"off by > 25%; largest heap peak {m['max_heap_peak_bytes'] / 2**30:.2f} GiB{code}\n\n"
                       + summary_table({"rows": r["extra"]["rows"]}))
     body = "\n\n".join(blocks) or "(no rehearsal results yet: `make rehearsal`)"
     write_text_atomic(readme, text[:text.index(begin)] + f"{begin}\n{body}\n{end}" + text[text.index(end) + len(end):])
