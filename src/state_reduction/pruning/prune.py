@@ -156,7 +156,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     saved_dtype = checkpoint_dtype(config)
     model = load_model(cfg.model, dtype=compute_dtype(device))
     adapter = get_adapter(model)
-    run_dtype = next(model.parameters()).dtype
+    run_dtype = next(next(adapter.mixers(model)).module.parameters()).dtype  # the embedding may stay 16-bit on a CPU
     if not cfg.stream_layers:
         model.to(device)
     H, K = adapter.key_heads(model.config)
