@@ -338,6 +338,8 @@ def write_readme(readme: Path, *, profile: str = "paper", results_root=None) -> 
 
 
 def _cmd_rehearse(args) -> int:
+    if args.no_streamed and args.only_streamed:
+        raise RehearsalError("rehearse: --no-streamed and --only-streamed exclude each other")
     cfg = RehearsalConfig(models=args.models, out=args.out, layers=args.layers, first_layer=args.first_layer,
                           methods=args.methods,
                           ratios=args.ratios, streamed=[True] if args.only_streamed else [False] if args.no_streamed else [False, True],
