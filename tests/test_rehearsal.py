@@ -34,6 +34,11 @@ def test_committed_configs_are_the_paper_architectures():
     assert len(raw["layer_types"]) == raw["num_hidden_layers"] == 32
     with pytest.raises(RehearsalError, match="unknown model 'dn-2b'; models: codestral-7b, deltanet-1.3b"):
         model_config("dn-2b", 2)
+    assert model_config("qwen3_5-9b", 2, first_layer=2).layer_types == ["linear_attention", "full_attention"]
+    with pytest.raises(RehearsalError, match="--first-layer 31 with --layers 2: qwen3_5-9b has 32 layer_types"):
+        model_config("qwen3_5-9b", 2, first_layer=31)
+    with pytest.raises(RehearsalError, match="--first-layer 1 applies to configs with layer_types; deltanet-370m"):
+        RehearsalConfig(models=["deltanet-370m"], out="unused", first_layer=1).validate()
 
 
 @pytest.mark.slow

@@ -28,13 +28,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from state_reduction.atomic import write_json_atomic, write_text_atomic
 from state_reduction.backend import install_cpu_backend
-from state_reduction.checkpoints import save_model_atomic
+from state_reduction.checkpoints import load_model, save_model_atomic
 from state_reduction.devices import compute_dtype, resolve_device
 from state_reduction.errors import InputError
 from state_reduction.evaluation import evaluate
 from state_reduction.models.families import get_adapter
 from state_reduction.peak_memory import HeapPeak, cuda_peak_bytes, host_peak_rss_bytes
-from state_reduction.provenance import REPO_ROOT, TINY_MODELS_DIR
+from state_reduction.provenance import REPO_ROOT, TINY_MODELS_DIR, collect_provenance
 from state_reduction.pruning.memory_plan import plan
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.pruning.selectors import SELECTORS, get_selector
@@ -57,25 +57,36 @@ def known_models() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
 
 
-def model_config(name: str, layers: int | None):
-    """The committed config of `name` with `layers` decoder blocks (Qwen3.5: the first `layers` of its
-    layer_types), every other field unchanged."""
+def model_config(name: str, layers: int | None, first_layer: int = 0):
+    """The committed config of `name` with `layers` decoder blocks (Qwen3.5: `layers` consecutive entries of its
+    layer_types from `first_layer`), every other field unchanged."""
     path = CONFIG_DIR / f"{name}.json"
     if not path.is_file():
         raise RehearsalError(f"rehearse: unknown model {name!r}; models: {', '.join(known_models())}")
     raw = json.loads(path.read_text())
+    if first_layer and "layer_types" not in raw:
+        raise RehearsalError(f"rehearse: --first-layer {first_layer} applies to configs with layer_types; {name} "
+                             "has one kind of block")
     if layers is not None:
         if layers < 1:
             raise RehearsalError(f"rehearse: --layers must be >= 1, got {layers}")
         raw["num_hidden_layers"] = layers
         if "layer_types" in raw:
-            raw["layer_types"] = raw["layer_types"][:layers]
+            if first_layer < 0 or first_layer + layers > len(raw["layer_types"]):
+                raise RehearsalError(f"rehearse: --first-layer {first_layer} with --layers {layers}: {name} has "
+                                     f"{len(raw['layer_types'])} layer_types")
+            raw["layer_types"] = raw["layer_types"][first_layer:first_layer + layers]
     return AutoConfig.for_model(**raw)
 
 
-def build_checkpoint(name: str, layers: int | None, out: Path, seed: int = 0) -> Path:
+def describe_blocks(config) -> str:
+    types = getattr(config, "layer_types", None)
+    return f"{config.num_hidden_layers} blocks" + (f" ({', '.join(types)})" if types else "")
+
+
+def build_checkpoint(name: str, layers: int | None, out: Path, seed: int = 0, first_layer: int = 0) -> Path:
     """Random-init model of `name` saved in bf16 with the tiny tokenizer; returns the folder."""
-    config = model_config(name, layers)
+    config = model_config(name, layers, first_layer)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
 
@@ -88,6 +99,7 @@ class RehearsalConfig:
     models: list[str]
     out: str  # work folder for checkpoints (removed stage by stage) and the result
     layers: int | None = 2
+    first_layer: int = 0  # configs with layer_types: the window of them the blocks follow
     methods: list[str] | None = None  # None: every registered selector
     ratios: list[float] = field(default_factory=lambda: [0.5, 0.75])
     streamed: list[bool] = field(default_factory=lambda: [False, True])
@@ -111,6 +123,8 @@ class RehearsalConfig:
         bad = [m for m in (self.methods or []) if m not in SELECTORS]
         if bad:
             raise RehearsalError(f"rehearse: unknown methods {bad}; methods: {', '.join(sorted(SELECTORS))}")
+        for m in self.models:
+            model_config(m, self.layers, self.first_layer)  # a bad --layers / --first-layer fails before any work
         stages = {"prune", "rft", "evaluate", "speed"}
         if not set(self.stages) <= stages:
             raise RehearsalError(f"rehearse: unknown stages {sorted(set(self.stages) - stages)}; stages: "
@@ -118,11 +132,13 @@ class RehearsalConfig:
 
 
 def _predicted_prune(config, cfg: RehearsalConfig, method: str, streamed: bool) -> int:
-    """memory-plan's bytes for one prune on the CPU (fp32 weights): the calibration peak (weights included);
-    the weights alone for the weight-only selectors. Streamed on the CPU, home and device are one memory: the
-    host plan plus the device plan less the weights the device plan counts again."""
+    """memory-plan's bytes for one prune on the CPU (fp32 weights, the bf16 checkpoint's embedding and head kept in
+    bf16): the calibration peak (weights included); the weights alone for the weight-only selectors. Streamed on
+    the CPU, home and device are one memory: the host plan plus the device plan less the weights the device plan
+    counts again."""
     cuda = torch.cuda.is_available()  # prune computes on the GPU when present, in the checkpoint's bf16
-    p = plan(config, cfg.n_calib, cfg.seq_len, cfg.batch_size, weight_bytes=2 if cuda else 4, grad_tokens=2048)
+    p = plan(config, cfg.n_calib, cfg.seq_len, cfg.batch_size, weight_bytes=2 if cuda else 4, grad_tokens=2048,
+             vocab_bytes=2)
     selector = get_selector(method)
     if not selector.needs:
         return p["terms"]["weights"]
@@ -170,7 +186,7 @@ def _run_stage(rows: list, model: str, stage: str, what: str, fn, predicted: int
 
 def _reload(folder: Path, key_dim: int) -> None:
     device = resolve_device(None)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute_dtype(device)).to(device).eval()
+    model = load_model(str(folder), dtype=compute_dtype(device)).to(device).eval()
     found = get_adapter(model).key_heads(model.config)[1]
     if found != key_dim:
         raise RehearsalError(f"reload {folder}: key dim {found}, selection.json says {key_dim}")
@@ -183,7 +199,7 @@ def _reload(folder: Path, key_dim: int) -> None:
 
 def _evaluate(folder: Path, limit: int, suite: str) -> dict:
     device = resolve_device(None)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=compute_dtype(device)).to(device).eval()
+    model = load_model(str(folder), dtype=compute_dtype(device)).to(device).eval()
     out = evaluate(model, AutoTokenizer.from_pretrained(str(folder)), suite=suite, batch_size=2, max_length=256,
                    limit=limit)
     return out["metrics"]
@@ -207,12 +223,13 @@ def rehearse(cfg: RehearsalConfig) -> dict:
     rows: list[dict] = []
     _PARTIAL[0] = work / "rehearsal.partial.json"
     t0 = time.time()
+    started = collect_provenance()  # the code that runs (the result's provenance is read when it is written)
     for name in cfg.models:
-        config = model_config(name, cfg.layers)
+        config = model_config(name, cfg.layers, cfg.first_layer)
         dense = work / f"{name}-dense"
         shutil.rmtree(dense, ignore_errors=True)
-        _run_stage(rows, name, "build", f"random init, {config.num_hidden_layers} blocks, bf16",
-                   lambda: build_checkpoint(name, cfg.layers, dense, cfg.seed))
+        _run_stage(rows, name, "build", f"random init, {describe_blocks(config)}, bf16",
+                   lambda: build_checkpoint(name, cfg.layers, dense, cfg.seed, cfg.first_layer))
         kept_for_later = None
         if "prune" in cfg.stages:
             # by default every selector that serves the family (ghost needs a decay, which DeltaNet lacks)
@@ -257,7 +274,8 @@ def rehearse(cfg: RehearsalConfig) -> dict:
             shutil.rmtree(folder, ignore_errors=True)
     record = {"config": asdict(cfg), "device": str(resolve_device(None)), "rows": rows,
               "all_ok": all(r["ok"] for r in rows), "flagged": sum(bool(r.get("flagged")) for r in rows),
-              "wall_time_s": round(time.time() - t0, 1)}
+              "wall_time_s": round(time.time() - t0, 1),
+              "code_at_start": {k: started.get(k) for k in ("git_commit", "git_dirty")}}
     write_json_atomic(work / "rehearsal.json", record)
     return record
 
@@ -281,13 +299,14 @@ def write_outputs(record: dict, *, profile: str = "paper", results_root=None, re
     """The result JSON (results/<profile>/rehearsal/) and the summary table in the experiment README between
     `<!-- rehearsal:begin -->` and `<!-- rehearsal:end -->`."""
     cfg = record["config"]
-    tag = f"{'_'.join(cfg['models'])}-L{cfg['layers']}"
+    tag = f"{'_'.join(cfg['models'])}-L{cfg['layers']}" + (f"-F{cfg['first_layer']}" if cfg.get("first_layer") else "")
     metrics = {"stages": len(record["rows"]), "failed": sum(not r["ok"] for r in record["rows"]),
                "flagged": record["flagged"],
                "max_heap_peak_bytes": max((r["heap_peak_bytes"] for r in record["rows"]), default=0)}
     result = build_result("bench", profile=profile, experiment="rehearsal", config=cfg, metrics=metrics, model=None,
                           data={}, seeds={"init": cfg["seed"]}, wall_time_s=record["wall_time_s"],
-                          extra={"rows": record["rows"], "device": record["device"]})
+                          extra={"rows": record["rows"], "device": record["device"],
+                                 "code_at_start": record.get("code_at_start")})
     path = results_dir(profile, "rehearsal", results_root) / f"rehearsal-{tag}-{record['device']}.json"
     write_result(path, result)
     if readme is not None:
@@ -307,17 +326,23 @@ def write_readme(readme: Path, *, profile: str = "paper", results_root=None) -> 
         r = read_result(path)
         cfg, m = r["config"], r["metrics"]
         shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
-        blocks.append(f"`{shown}`: {', '.join(cfg['models'])}; {cfg['layers']} blocks; {r['extra']['device']}; "
+        window = f" from layer_types[{cfg['first_layer']}]" if cfg.get("first_layer") else ""
+        start = (r["extra"].get("code_at_start") or {}).get("git_commit")
+        code = f"; ran commit {start[:7]}" if start and start != r["provenance"].get("git_commit") else ""
+        blocks.append(f"`{shown}`: {', '.join(cfg['models'])}; {cfg['layers']} blocks{window}; {r['extra']['device']}; "
                       f"{r['wall_time_s']:.0f} s; {m['stages']} stages, {m['failed']} failed, {m['flagged']} plans "
-                      f"off by > 25%; largest heap peak {m['max_heap_peak_bytes'] / 2**30:.2f} GiB\n\n"
+                      f"off by > 25%; largest heap peak {m['max_heap_peak_bytes'] / 2**30:.2f} GiB{code}\n\n"
                       + summary_table({"rows": r["extra"]["rows"]}))
     body = "\n\n".join(blocks) or "(no rehearsal results yet: `make rehearsal`)"
     write_text_atomic(readme, text[:text.index(begin)] + f"{begin}\n{body}\n{end}" + text[text.index(end) + len(end):])
 
 
 def _cmd_rehearse(args) -> int:
-    cfg = RehearsalConfig(models=args.models, out=args.out, layers=args.layers, methods=args.methods,
-                          ratios=args.ratios, streamed=[False, True] if not args.no_streamed else [False],
+    if args.no_streamed and args.only_streamed:
+        raise RehearsalError("rehearse: --no-streamed and --only-streamed exclude each other")
+    cfg = RehearsalConfig(models=args.models, out=args.out, layers=args.layers, first_layer=args.first_layer,
+                          methods=args.methods,
+                          ratios=args.ratios, streamed=[True] if args.only_streamed else [False] if args.no_streamed else [False, True],
                           n_calib=args.n_calib, seq_len=args.seq_len, batch_size=args.batch_size,
                           rft_steps=args.rft_steps, eval_limit=args.eval_limit, eval_suite=args.eval_suite,
                           bench_steps=args.bench_steps,
@@ -335,9 +360,13 @@ def register(subparsers) -> None:
                                                "exact architectures, tiny data budgets (CPU or GPU)")
     p.add_argument("models", nargs="+", help=f"one or more of: {', '.join(known_models())}")
     p.add_argument("--layers", type=int, default=2, help="decoder blocks (every other field is the paper model's)")
+    p.add_argument("--first-layer", type=int, default=0,
+                   help="models with layer_types (Qwen3.5): the blocks follow layer_types from this index")
     p.add_argument("--methods", nargs="+", default=None, help="selectors (default: all)")
     p.add_argument("--ratios", nargs="+", type=float, default=[0.5, 0.75])
     p.add_argument("--no-streamed", action="store_true", help="skip the layer-streamed prunes")
+    p.add_argument("--only-streamed", action="store_true", help="only the layer-streamed prunes (the paper "
+                   "profile's for Mamba-2 and Qwen3.5)")
     p.add_argument("--n-calib", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=2)

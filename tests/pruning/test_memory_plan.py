@@ -157,6 +157,30 @@ def test_grad_plan_of_a_full_width_block_is_within_25_percent_of_the_measured_he
     assert abs(predicted - measured) <= 0.25 * measured, (predicted / 2**20, measured / 2**20)
 
 
+def test_mamba2_plan_counts_the_torch_chunk_scan():
+    """Issue 22: the plan counted Mamba-2's Linear outputs only (128 KiB per token at the Codestral width) while the
+    torch chunk scan holds ~1 MiB per token. A Mamba-2 block with 32 heads x 64, N 128, chunk 256, fp32, 1 x 512
+    tokens: the forward's activations (one block) and Grad's per-block increment (two blocks minus one), planned vs
+    measured within 25%."""
+    c = {"hidden_size": 1024, "num_heads": 32, "head_dim": 64, "state_size": 128, "n_groups": 1, "chunk_size": 256,
+         "expand": 2, "vocab_size": 64}
+    windows = torch.randint(0, 64, (1, 512), generator=torch.Generator().manual_seed(0))
+    measured, planned = {}, {}
+    for layers in (1, 2):
+        model = build_model("mamba2", {**c, "num_hidden_layers": layers}, seed=0, dtype=torch.float32).eval()
+        p = plan(model.config, n_calib=1, seq_len=512, batch_size=1, weight_bytes=4)
+        for grad in (False, True):
+            calibrate(model, get_adapter(model), windows[:, :256], batch_size=1, gradients=grad)  # warm up
+            with HeapPeak() as peak:
+                calibrate(model, get_adapter(model), windows, batch_size=1, gradients=grad)
+            measured[layers, grad] = peak.peak
+            planned[layers, grad] = p["device"][f"all_at_once_{'grad' if grad else 'forward'}"] - p["terms"]["weights"]
+    forward, forward_planned = measured[1, False], planned[1, False]
+    block, block_planned = measured[2, True] - measured[1, True], planned[2, True] - planned[1, True]
+    assert abs(forward_planned - forward) <= 0.25 * forward, (forward_planned / 2**20, forward / 2**20)
+    assert abs(block_planned - block) <= 0.25 * block, (block_planned / 2**20, block / 2**20)
+
+
 def test_paper_grad_calibration_fits_the_sbatch_memory_even_on_the_cpu_fallback():
     """Issue 22: Grad at the paper's 4 x 2048 per forward extrapolated to ~77 GiB of host memory (DeltaNet 1.3B,
     fp32) against --mem=64G. prune now runs Grad at grad_tokens (2048) per forward; the plan, fp32 weights, fits

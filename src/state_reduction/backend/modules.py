@@ -225,6 +225,8 @@ def fused_linear_cross_entropy_forward_torch(
         'use_l2warp': self.use_l2warp,
         'process_group': self.process_group,
     })
+    if weight.dtype != x.dtype:  # a bf16 head kept in storage for fp32 compute (backend.vocabulary)
+        weight, bias = weight.to(x.dtype), None if bias is None else bias.to(x.dtype)
     logits = F.linear(x.reshape(-1, x.shape[-1]), weight, bias)
     logits = logits.to(compute_dtype(logits.dtype))
     if self.logit_scale != 1.0:

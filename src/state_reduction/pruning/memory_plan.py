@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from state_reduction.atomic import write_json_atomic
 from state_reduction.backend import install_cpu_backend
+from state_reduction.backend.vocabulary import vocabulary_modules
 from state_reduction.checkpoints import load_model
 from state_reduction.errors import MissingInputError
 from state_reduction.models.families import architectures, get_adapter, speed_presets
@@ -77,28 +78,37 @@ def _numel(module: nn.Module) -> int:
 
 
 def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, weight_bytes: int = 2,
-         grad_tokens: int = 2048) -> dict:
+         grad_tokens: int = 2048, vocab_bytes: int | None = None) -> dict:
     """Bytes per term of calibration for `config` at `n_calib` windows of `seq_len` tokens, `batch_size` per forward
     (never more than `n_calib`; Grad: at most `grad_tokens` tokens per forward, as `prune` runs it), weights of
-    `weight_bytes` (bf16: 2).
+    `weight_bytes` (bf16: 2), the embedding and head of `vocab_bytes` (default `weight_bytes`; a bf16 checkpoint
+    computing in fp32 on a CPU keeps them in bf16: 4 and 2, backend.vocabulary).
 
     Exact (meta model): weights, the largest block, everything outside the blocks, q/k rows, statistics.
     Estimates: `block_activations` = every Linear output and conv channel of one block alive at once for one
-    batch (B T sum(out_features) bytes), the calibration hooks' float64 copies of q, k and the projection input,
-    and Grad's logits (bf16 logits, their float32 copy and gradient: 10 bytes per entry) and autograd-saved tensors
-    (one block's activations again, plus the input gradient)."""
+    batch (B T sum(out_features) bytes) plus the family's scan intermediates (`scan_bytes_per_token`: Mamba-2's
+    torch chunk scan), the calibration hooks' float64 copies of q, k and the projection input, and Grad's logits
+    (bf16 logits, their float32 copy and gradient: 10 bytes per entry) and autograd-saved tensors (one block's
+    activations again, plus the input gradient)."""
     adapter = get_adapter(config)
     model = _meta_model(config)
     blocks = decoder_blocks(model)
     mixers = list(adapter.mixers(model))
     in_blocks = {id(p) for p in blocks.parameters()}
-    outside = sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
+    vocab = {id(p) for m in vocabulary_modules(model) for p in m.parameters()}
+    vocab_bytes = weight_bytes if vocab_bytes is None else vocab_bytes
+
+    def nbytes(params) -> int:
+        return sum(p.numel() * (vocab_bytes if id(p) in vocab else weight_bytes) for p in params)
     H, K = adapter.key_heads(config)
     d = config.hidden_size
     batch_size = min(batch_size, n_calib)
     grad_batch = max(1, min(batch_size, grad_tokens // seq_len))
     tokens, grad_tok = batch_size * seq_len, grad_batch * seq_len
     resid = 4 if getattr(config, "residual_in_fp32", False) else weight_bytes
+
+    scan_forward, scan_saved = adapter.scan_bytes_per_token(config, seq_len)
+    saved_per_output = adapter.autograd_saved_per_output or AUTOGRAD_SAVED_PER_OUTPUT
 
     def widths(block):
         return sum(m.out_features for m in block.modules() if isinstance(m, nn.Linear)) + \
@@ -112,12 +122,13 @@ def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, w
     proj = max(m.weight.numel() for ref in mixers for m in ref.module.modules() if isinstance(m, nn.Linear))
     n_mixers = len(mixers)
     t = {
-        "weights": _numel(model) * weight_bytes,
+        "weights": nbytes(model.parameters()),
         "largest_block": max(_numel(b) for b in blocks) * weight_bytes,
-        "outside_blocks": outside * weight_bytes,  # embeddings, final norm, lm_head
-        "block_activations": tokens * max(widths(b) for b in blocks) * weight_bytes,
+        "outside_blocks": nbytes(p for p in model.parameters() if id(p) not in in_blocks),  # embeddings, norm, head
+        "block_activations": tokens * (max(widths(b) for b in blocks) * weight_bytes + scan_forward),
         # Grad: one forward of grad_tok tokens, every block's autograd-saved tensors alive at the backward
-        "grad_block_saved": round(grad_tok * max(widths(b) for b in blocks) * weight_bytes * AUTOGRAD_SAVED_PER_OUTPUT),
+        "grad_block_saved": round(grad_tok * (max(widths(b) for b in blocks) * weight_bytes * saved_per_output
+                                              + scan_saved)),
         "grad_batch_hidden": grad_tok * d * resid,
         "hook_copies": tokens * (4 * H * K + 2 * max(qk_in.values())) * 8,
         "grad_hook_copies": grad_tok * (4 * H * K + 2 * max(qk_in.values())) * 8,
@@ -146,7 +157,8 @@ def plan(config, n_calib: int = 128, seq_len: int = 2048, batch_size: int = 1, w
     }
     return {"model_type": config.model_type, "n_calib": n_calib, "seq_len": seq_len, "batch_size": batch_size,
             "grad_batch_size": grad_batch,
-            "weight_bytes": weight_bytes, "parameters": _numel(model), "blocks": L, "reducible_layers": n_mixers,
+            "weight_bytes": weight_bytes, "vocab_bytes": vocab_bytes, "parameters": _numel(model), "blocks": L,
+            "reducible_layers": n_mixers,
             "key_heads": H, "key_dim": K, "hidden_size": d, "vocab_size": config.vocab_size,
             "terms": t, "device": device, "host": host}
 
@@ -160,7 +172,8 @@ def format_plan(p: dict, title: str = "") -> str:
     lines = [f"{title or p['model_type']}: {count} parameters, {p['blocks']} blocks "
              f"({p['reducible_layers']} reducible, {p['key_heads']} key heads x {p['key_dim']}), hidden "
              f"{p['hidden_size']}, vocab {p['vocab_size']}; calibration {p['n_calib']} x {p['seq_len']} tokens, "
-             f"batch {p['batch_size']} (Grad: {p['grad_batch_size']}), weights {p['weight_bytes']} bytes each"]
+             f"batch {p['batch_size']} (Grad: {p['grad_batch_size']}), weights {p['weight_bytes']} bytes each"
+             + (f" (embedding and head {p['vocab_bytes']})" if p["vocab_bytes"] != p["weight_bytes"] else "")]
     lines += [f"  {name:<22}{g(b)}" for name, b in p["terms"].items()]
     lines.append("  peak on the compute device:")
     lines += [f"    {name:<20}{g(b)}" for name, b in p["device"].items()]

@@ -153,7 +153,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     saved_dtype = checkpoint_dtype(config)
     model = load_model(cfg.model, dtype=compute_dtype(device))
     adapter = get_adapter(model)
-    run_dtype = next(model.parameters()).dtype
+    run_dtype = next(next(adapter.mixers(model)).module.parameters()).dtype  # the embedding may stay 16-bit on a CPU
     if not cfg.stream_layers:
         model.to(device)
     H, K = adapter.key_heads(model.config)
@@ -184,6 +184,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
         k_layer = keep if budget is None else budget.key_dims[ref.layer]
         selections[ref.layer] = selector(SelectorInput(stats.get(ref.layer), w_q.detach(), w_k.detach(), k_layer,
                                                        cfg.select, generator, ref.layer))
+        del w_q, w_k  # views of the projection: the last mixer's unreduced weight would live through the surgery
     lap("selection")
     reduce_model(model, selections)
     model.to(saved_dtype)  # computed in fp32 on a CPU; saved in the checkpoint's own dtype

@@ -124,6 +124,16 @@ class KeyChannelAdapter(ABC):
         """Whether the mixer's kernel L2-normalises q and k before they enter the state."""
         return True
 
+    # Grad's autograd-saved tensors per Linear/conv output (memory_plan.AUTOGRAD_SAVED_PER_OUTPUT); a family whose
+    # scan_bytes_per_token counts its scan's saved tensors on its own keeps only the outputs (1.0)
+    autograd_saved_per_output = None
+
+    def scan_bytes_per_token(self, config, seq_len: int) -> tuple[int, int]:
+        """(forward peak, autograd-saved) bytes per token of the mixer's sequence scan beyond its Linear and conv
+        outputs, for memory-plan. 0: the delta-rule CPU references keep no per-token tensor wider than the block's
+        projections (their saved tensors are in AUTOGRAD_SAVED_PER_OUTPUT)."""
+        return 0, 0
+
     def block_output(self, hidden: torch.Tensor, kwargs: dict):
         """What one decoder block returns to its model's layer loop when its new hidden states are `hidden` and it
         was called with `kwargs`; layer-streamed calibration stands in for the blocks with it."""

@@ -143,11 +143,12 @@ class DistContext:
 
 # ------------------------------------------------------------------------------------------- models
 
-def load_causal_lm(path: str, what: str, dtype: torch.dtype | str = torch.float32):
+def load_causal_lm(path: str, what: str, dtype: torch.dtype | str = torch.float32, vocabulary_in_storage: bool = True):
     """checkpoints.load_model (files, config and finite weights checked; a failure names the file) in `dtype`:
     float32 by default, so that a bf16 checkpoint's trainable parameters (LoRA, norms, biases, convs) keep fp32
-    master weights (in bf16, updates of lr 1e-4 round away: issue 22)."""
-    return load_model(path, what, dtype=dtype)
+    master weights (in bf16, updates of lr 1e-4 round away: issue 22). The frozen embedding and head stay in the
+    checkpoint's dtype where `vocabulary_in_storage` (the CPU; DDP/FSDP want one dtype)."""
+    return load_model(path, what, dtype=dtype, vocabulary_in_storage=vocabulary_in_storage)
 
 
 def check_pair(student, teacher, student_path: str, teacher_path: str) -> None:
@@ -490,7 +491,8 @@ def _setup(cfg: RFTConfig, ctx: DistContext) -> _Run | dict:
     tokenizer = load_tokenizer(cfg.student, "student")
     saved_dtype = checkpoint_dtype(load_config(cfg.student, "student"))
     windows, data = finetune_windows(tokenizer, cfg)  # an unreachable corpus fails before any model loads
-    student = load_causal_lm(cfg.student, "student")  # fp32 master weights; autocast computes in bf16 on CUDA
+    student = load_causal_lm(cfg.student, "student",  # fp32 master weights; autocast computes in bf16 on CUDA
+                             vocabulary_in_storage=ctx.device.type == "cpu")
     teacher = None
     if cfg.teacher is not None:
         teacher = load_causal_lm(cfg.teacher, "teacher", dtype=compute_dtype(ctx.device))  # frozen: its own dtype

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM
 
+from state_reduction.backend.vocabulary import vocabulary_modules
+from state_reduction.checkpoints import load_model
 from state_reduction.errors import InputError, MissingInputError
 from state_reduction.models.families import build_model, speed_presets
 from state_reduction.models.families import get_adapter
@@ -40,7 +41,7 @@ def load_bench_model(model: str, *, layers: int | None = None, dtype: torch.dtyp
     elif Path(model).is_dir():
         if layers is not None:
             raise InputError(f"--layers applies to presets ({', '.join(PRESETS)}), not to the checkpoint {model}")
-        m = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+        m = load_model(model, dtype=dtype)  # fp32 on a CPU: a bf16 checkpoint's embedding and head stay in bf16
         desc = {"name": Path(model).name, "path": model, "family": m.config.model_type, "random_weights": False,
                 "layers": m.config.num_hidden_layers}
     else:
@@ -53,10 +54,10 @@ def load_bench_model(model: str, *, layers: int | None = None, dtype: torch.dtyp
 
 def reduced_copy(model: nn.Module, keep: int, method: str = "l1") -> nn.Module:
     """A deep copy with `keep` key channels per head, chosen by a weight-only selector (speed does not depend on
-    which channels are kept)."""
+    which channels are kept). The embedding and head, which reduction leaves alone, are shared, not copied."""
     adapter = get_adapter(model)
     _, K = adapter.key_heads(model.config)
-    out = copy.deepcopy(model)
+    out = copy.deepcopy(model, memo={id(p): p for m in vocabulary_modules(model) for p in m.parameters()})
     if keep == K:
         return out
     selections = {}

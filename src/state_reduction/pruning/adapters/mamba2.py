@@ -59,6 +59,21 @@ class Mamba2Adapter(FusedQKAdapter):
     def update_config(self, config, new_k: int) -> None:
         config.state_size = new_k
 
+    autograd_saved_per_output = 1.0  # the scan's saved tensors are counted in scan_bytes_per_token
+
+    def scan_bytes_per_token(self, config, seq_len: int) -> tuple[int, int]:
+        """transformers' torch chunk scan (`mamba2_chunk_scan`, the fallback without mamba_ssm, on CPU and CUDA),
+        fp32 whatever the weights, each sequence padded to a multiple of the chunk L. Per padded token, in units of
+        u = heads x L (the position-by-position tensors [b, c, l, s, h]: exp(segsum), C B^T, their product and
+        einsum's copy of it), n = heads x N (B and C repeated over the heads), p = heads x head_dim (x and the
+        outputs) and z = heads x head_dim x N / L (the chunk states): alive at the forward peak 4u + 2n + 5p + 3z,
+        saved for the backward 3u + 5n + 7p + 2z (tensors counted in the scan; HeapPeak of one mixer at 512
+        tokens on 8 shapes, Codestral's included, within 5% of both, issue 22)."""
+        H, P, N, L = config.num_heads, config.head_dim, config.state_size, config.chunk_size
+        u, n, p, z = H * L, H * N, H * P, H * P * N / L
+        padded = -(-seq_len // L) * L / seq_len
+        return round(4 * padded * (4 * u + 2 * n + 5 * p + 3 * z)), round(4 * padded * (3 * u + 5 * n + 7 * p + 2 * z))
+
     def state_bytes_per_sequence(self, config, dtype: torch.dtype = torch.bfloat16) -> int:
         """Sum over Mamba-2 layers of heads * head_dim * state_size * bytes: the SSM state (conv cache excluded)."""
         per_layer = config.num_heads * config.head_dim * config.state_size
