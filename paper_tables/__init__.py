@@ -24,9 +24,11 @@ RENDERERS = {"calibration_sensitivity": "paper_tables.ablation_tables",
              "rank_analysis": "paper_tables.rank_tables",
              "mqar_recall": "paper_tables.figure_mqar",
              "state_vs_structure": "paper_tables.state_vs_structure",
-             "layer_adaptive_budgets": "paper_tables.layer_budgets"}
-# renderers that read the results of every table their experiment declares (e.g. figure_mqar and mqar_seeds)
-WHOLE_EXPERIMENT = {"mqar_recall", "state_vs_structure"}
+             "layer_adaptive_budgets": "paper_tables.layer_budgets",
+             "joint_compression": "paper_tables.joint_compression"}
+# renderers that read the results of every table their experiment declares (e.g. figure_mqar and mqar_seeds); they
+# take the profile, not one table
+WHOLE_EXPERIMENT = {"mqar_recall", "state_vs_structure", "joint_compression"}
 # experiments whose tables are computed by analyses (`state-reduction run-analysis`) rather than run-table
 ANALYSIS_EXPERIMENTS = {"rank_analysis"}
 # experiments whose one renderer draws every table they declare, under the experiment's name (`render <experiment>`;
@@ -87,7 +89,7 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
     if seeds is not None:
         raise TableSpecError(f"{table}: --seeds applies to the language-modelling tables only")
     module = importlib.import_module(name)
-    if name in ("paper_tables.figure_mqar", "paper_tables.state_vs_structure"):
+    if spec["experiment"] in WHOLE_EXPERIMENT:
         return module.render(profile, results_root, out_root=out_root, figures_root=figures_root)
     return module.render(table, profile, experiment, results_root, out_root=out_root, figures_root=figures_root,
                          quiet=quiet)

@@ -74,3 +74,23 @@ def in_cells(frame: pd.DataFrame, wanted: set) -> pd.Series:
     """True per row whose (model, method, ratio, vary) is one of `wanted`."""
     keys = zip(*(frame[k].tolist() for k in CELL + ["vary"]))
     return pd.Series([k in wanted for k in keys], index=frame.index, dtype=bool)
+
+
+def by_seed(experiment: str, profile: str, metric: str, default_seed: int, results_root=None,
+            cell=lambda config: (config["model"], config["method"], config["ratio"]),
+            prune_value=lambda record: record["metrics"]) -> tuple[dict, dict, dict]:
+    """The replicate-seed renderers' index of an experiment's results: (prune, evals, baseline) with
+    prune[(*cell, seed)] = prune_value(record), evals[(*cell, seed, rft)] = the evaluation's `metric` and
+    baseline[model] = the dense baseline's `metric`. `cell(config)` is the cell's key (model, method, ratio by
+    default; a renderer may add a varied setting), the seed a `vary` seed or the profile's own."""
+    prune, evals, baseline = {}, {}, {}
+    for r in collect(experiment, profile, results_root):
+        c = r["config"]
+        seed = (c.get("vary") or {}).get("seed", default_seed)
+        if r["kind"] == "prune":
+            prune[(*cell(c), seed)] = prune_value(r)
+        elif r["kind"] == "evaluate" and c["method"] == "baseline":
+            baseline[c["model"]] = r["metrics"].get(metric)
+        elif r["kind"] == "evaluate":
+            evals[(*cell(c), seed, c["rft"])] = r["metrics"].get(metric)
+    return prune, evals, baseline

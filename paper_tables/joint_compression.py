@@ -15,8 +15,9 @@ import math
 from pathlib import Path
 
 from paper_tables import writers
+from paper_tables.collect import by_seed
 from paper_tables.figures import save_figure
-from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells
+from state_reduction.pipeline import load_experiment, profile_spec, table_cells
 from state_reduction.ralimp.linearize import parse_linearize_method
 from state_reduction.stats import mean_ci
 
@@ -40,10 +41,6 @@ def group(method: str) -> str:
     return "mlp" if parsed.method == "ralimp" else "baseline"
 
 
-def _seed(config: dict, default: int) -> int:
-    return (config.get("vary") or {}).get("seed", default)
-
-
 def tables_of(spec: dict, profile: str) -> list[str]:
     """The experiment's tables that run on `profile` (the tiny per-family tables, or the paper plan)."""
     return [t for t in spec["tables"] if t.startswith("joint_paper") == (profile == "paper")]
@@ -58,15 +55,7 @@ def gather(profile: str, results_root=None) -> dict:
         keys, cs, _ = table_cells(spec, t, profile)
         models += [k for k in keys if k not in models]
         cells += [c for c in cs if c not in cells]
-    prune, evals, baseline = {}, {}, {}
-    for r in collect(EXPERIMENT, profile, results_root):
-        c = r["config"]
-        if r["kind"] == "prune":
-            prune[(c["model"], c["method"], c["ratio"], _seed(c, default))] = r["metrics"]
-        elif r["kind"] == "evaluate" and c["method"] == "baseline":
-            baseline[c["model"]] = r["metrics"].get(metric)
-        elif r["kind"] == "evaluate":
-            evals[(c["model"], c["method"], c["ratio"], _seed(c, default), c["rft"])] = r["metrics"].get(metric)
+    prune, evals, baseline = by_seed(EXPERIMENT, profile, metric, default, results_root)
     return {"models": models, "cells": cells, "prune": prune, "evals": evals, "baseline": baseline,
             "default_seed": default, "profile": profile}
 

@@ -14,9 +14,10 @@ import math
 from pathlib import Path
 
 from paper_tables import writers
+from paper_tables.collect import by_seed
 from paper_tables.figures import save_figure
 from state_reduction.atomic import write_text_atomic
-from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells
+from state_reduction.pipeline import load_experiment, profile_spec, table_cells
 from state_reduction.stats import diff_ci, mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,18 +32,9 @@ def gather(table: str, profile: str, results_root=None) -> dict:
     keys, cells, rft_states = table_cells(spec, table, profile)
     default_seed = profile_spec(spec, profile)["prune"]["seed"]
     metric = METRIC[profile][0]
-    prune, evals, baseline = {}, {}, {}
-    for r in collect(EXPERIMENT, profile, results_root):
-        c = r["config"]
-        vary = c.get("vary") or {}
-        cell = (c["model"], c["method"], c["ratio"], vary.get("budget", UNIFORM))
-        seed = vary.get("seed", default_seed)
-        if r["kind"] == "prune":
-            prune[(*cell, seed)] = r
-        elif r["kind"] == "evaluate" and c["method"] == "baseline":
-            baseline[c["model"]] = r["metrics"].get(metric)
-        elif r["kind"] == "evaluate":
-            evals[(*cell, seed, c["rft"])] = r["metrics"].get(metric)
+    prune, evals, baseline = by_seed(
+        EXPERIMENT, profile, metric, default_seed, results_root, prune_value=lambda r: r,
+        cell=lambda c: (c["model"], c["method"], c["ratio"], (c.get("vary") or {}).get("budget", UNIFORM)))
     groups = {}
     for c in cells:
         v = dict(c.vary)

@@ -17,8 +17,9 @@ import math
 from pathlib import Path
 
 from paper_tables import writers
+from paper_tables.collect import by_seed
 from paper_tables.figures import save_figure
-from state_reduction.pipeline import collect, load_experiment, profile_spec, table_cells
+from state_reduction.pipeline import load_experiment, profile_spec, table_cells
 from state_reduction.stats import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,24 +34,12 @@ PAPER_ROWS = {  # the paper's table holding each stand-in's model at its ratios 
 PAPER_NAMES = {"Mamba-Codestral-7B": "Mamba-Codestral 7B"}
 
 
-def _seed(config: dict, default: int) -> int:
-    return (config.get("vary") or {}).get("seed", default)
-
-
 def gather(profile: str, results_root=None) -> dict:
     spec = load_experiment(EXPERIMENT)
     keys, cells, rft_states = table_cells(spec, TABLE, profile)
     default_seed = profile_spec(spec, profile)["prune"]["seed"]
     metric = METRIC[profile][0]
-    prune, evals, baseline = {}, {}, {}
-    for r in collect(EXPERIMENT, profile, results_root):
-        c = r["config"]
-        if r["kind"] == "prune":
-            prune[(c["model"], c["method"], c["ratio"], _seed(c, default_seed))] = r["metrics"]
-        elif r["kind"] == "evaluate" and c["method"] == "baseline":
-            baseline[c["model"]] = r["metrics"].get(metric)
-        elif r["kind"] == "evaluate":
-            evals[(c["model"], c["method"], c["ratio"], _seed(c, default_seed), c["rft"])] = r["metrics"].get(metric)
+    prune, evals, baseline = by_seed(EXPERIMENT, profile, metric, default_seed, results_root)
     seeds = {t: sorted({dict(c.vary).get("seed", default_seed) for c in table_cells(spec, t, profile)[1]})
              for t in spec["tables"]}
     return {"seeds_pre": seeds[TABLE], "seeds_post": seeds.get(TABLE + "_rft", []), "spec": spec, "profile": profile, "default_seed": default_seed, "models": keys, "cells": cells, "rft": rft_states, "prune": prune, "evals": evals,
