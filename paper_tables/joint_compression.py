@@ -21,7 +21,6 @@ from state_reduction.pipeline import load_experiment, profile_spec, table_cells
 from state_reduction.ralimp.linearize import parse_linearize_method
 from state_reduction.stats import mean_ci
 
-ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "joint_compression"
 METRIC = {"tiny": ("wiki_word_perplexity", "wiki word ppl (tiny_wiki)"),
           "paper": ("wiki_word_perplexity", "WikiText-2 word ppl")}
@@ -194,9 +193,6 @@ def render(profile: str = "tiny", results_root=None, out_root: Path | None = Non
     """paper_tables/out/<profile>/joint_compression.md and the Pareto figure."""
     g = gather(profile, results_root)
     rs = rows(g)
-    out = (out_root or ROOT / "paper_tables" / "out") / profile
-    fig_dir = (figures_root or ROOT / "figures") / profile
-    out.mkdir(parents=True, exist_ok=True)
-    fig_dir.mkdir(parents=True, exist_ok=True)
+    out, fig_dir = writers.output_dirs(profile, out_root, figures_root)
     (out / "joint_compression.md").write_text(markdown(g, rs))
     return [out / "joint_compression.md", *figure(g, rs, fig_dir)]

@@ -22,7 +22,6 @@ from paper_tables.figures import save_figure
 from state_reduction.pipeline import load_experiment, profile_spec, table_cells
 from state_reduction.stats import mean_ci
 
-ROOT = Path(__file__).resolve().parents[1]
 
 EXPERIMENT = TABLE = "state_vs_structure"
 REFERENCE = Path(__file__).resolve().parent / "reference_data"
@@ -202,10 +201,7 @@ def render(profile: str = "tiny", results_root=None, out_root: Path | None = Non
     """paper_tables/out/<profile>/state_vs_structure{,_vs_paper}.md and the two Pareto figures."""
     g = gather(profile, results_root)
     rs = rows(g)
-    out = (out_root or ROOT / "paper_tables" / "out") / profile
-    fig_dir = (figures_root or ROOT / "figures") / profile
-    out.mkdir(parents=True, exist_ok=True)
-    fig_dir.mkdir(parents=True, exist_ok=True)
+    out, fig_dir = writers.output_dirs(profile, out_root, figures_root)
     (out / "state_vs_structure.md").write_text(markdown(g, rs, profile))
     (out / "state_vs_structure_vs_paper.md").write_text(vs_paper(g, rs, profile))
     return [out / "state_vs_structure.md", out / "state_vs_structure_vs_paper.md", *figures(g, rs, profile, fig_dir)]

@@ -4,6 +4,10 @@ underlined, "mean ± half-width" where the cell has replicates."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def fmt(v) -> str:
     if v is None:
@@ -78,3 +82,13 @@ def comparison(title: str, intro: str, header: list[str] | None, rows: list[list
         lines.append(markdown(header, rows))
     lines += [f"- {n}" for n in notes] + ([closing] if closing is not None else [])
     return "\n".join(lines) + "\n"
+
+
+def output_dirs(profile: str, out_root: Path | None = None, figures_root: Path | None = None) -> tuple[Path, Path]:
+    """(tables folder, figures folder) of a renderer on `profile`, created: `out_root`/<profile> (default
+    paper_tables/out/) and `figures_root`/<profile> (default figures/)."""
+    out = (out_root or ROOT / "paper_tables" / "out") / profile
+    fig_dir = (figures_root or ROOT / "figures") / profile
+    out.mkdir(parents=True, exist_ok=True)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    return out, fig_dir
