@@ -205,3 +205,30 @@ def test_rft_stage_under_torchrun_runs_ddp_and_writes_once(tmp_path, monkeypatch
     assert trainer["extra"]["world_size"] == 2 and trainer["extra"]["distributed"] == "ddp"
     status = json.loads((out / "runs" / "deltanet-l1-r50" / "status.json").read_text())
     assert status["state"] == "finished" and status["stages"] == ["rft"]
+
+
+def test_a_task_on_an_offline_node_with_a_prefetched_cache_skips_the_hub_check(tmp_path, monkeypatch):
+    """As run_table: with HF_HUB_OFFLINE and a prefetched cache (`state-reduction prefetch`) a paper-profile task
+    does not stop at the hub check (compute nodes without internet); without the cache it does."""
+    from state_reduction.evaluation.run import EvaluationError
+    from state_reduction.pipeline import stages
+    from state_reduction.pipeline.tasks import run_task
+
+    def no_hub():
+        raise EvaluationError("the hub is unreachable")
+
+    monkeypatch.setattr(stages, "_require_hub", no_hub)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(PipelineError, match="profile 'paper' runs the paper's checkpoints .* the hub is unreachable"):
+        run_task("deltanet_gdn", "deltanet-1.3b-baseline", "paper", tables=["table20"])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("STATE_REDUCTION_CACHE", str(tmp_path / "cache"))
+    class PastTheHub(Exception):
+        pass
+
+    def next_check(*args, **kwargs):  # the check after the hub's: reaching it is the point
+        raise PastTheHub
+
+    monkeypatch.setattr("state_reduction.pipeline.tasks.check_context", next_check)
+    with pytest.raises(PastTheHub):
+        run_task("deltanet_gdn", "deltanet-1.3b-baseline", "paper", tables=["table20"])

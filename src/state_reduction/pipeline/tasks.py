@@ -18,7 +18,7 @@ from state_reduction.pipeline.spec import (
     table_cells,
     table_evaluate,
 )
-from state_reduction.pipeline.stages import STAGES, Runner, check_context, require_hub_for, stage_jobs
+from state_reduction.pipeline.stages import STAGES, Runner, check_context, offline_cache, require_hub_for, stage_jobs
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,8 @@ def run_task(experiment: str, name: str, profile: str = "tiny", tables=None, sta
     """Run what is missing of one task of plan_tasks (a job array element); return its result files."""
     spec = load_experiment(experiment)
     task = find_task(experiment, name, profile, tables, seeds)
-    require_hub_for(profile, "run the task")
+    if offline_cache() is None:  # a prefetched cache offline needs no hub (as run_table; the caller checked the cache)
+        require_hub_for(profile, "run the task")
     variants = _eval_variants(spec, profile, list(tables or spec["tables"]))
     for sfx in dict(task.evals):
         check_context(spec, profile, [task.model], evaluate=variants[sfx][0])
