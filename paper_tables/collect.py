@@ -76,21 +76,26 @@ def in_cells(frame: pd.DataFrame, wanted: set) -> pd.Series:
     return pd.Series([k in wanted for k in keys], index=frame.index, dtype=bool)
 
 
-def by_seed(experiment: str, profile: str, metric: str, default_seed: int, results_root=None,
+def by_seed(experiment: str, profile: str, metric: str | None, default_seed: int, results_root=None,
             cell=lambda config: (config["model"], config["method"], config["ratio"]),
             prune_value=lambda record: record["metrics"]) -> tuple[dict, dict, dict]:
     """The replicate-seed renderers' index of an experiment's results: (prune, evals, baseline) with
     prune[(*cell, seed)] = prune_value(record), evals[(*cell, seed, rft)] = the evaluation's `metric` and
-    baseline[model] = the dense baseline's `metric`. `cell(config)` is the cell's key (model, method, ratio by
-    default; a renderer may add a varied setting), the seed a `vary` seed or the profile's own."""
+    baseline[model] = the dense baseline's `metric` (metric None: the whole metrics mapping, for a renderer of
+    several metrics). `cell(config)` is the cell's key (model, method, ratio by default; a renderer may add a
+    varied setting), the seed a `vary` seed or the profile's own."""
     prune, evals, baseline = {}, {}, {}
+
+    def value(record):
+        return record["metrics"] if metric is None else record["metrics"].get(metric)
+
     for r in collect(experiment, profile, results_root):
         c = r["config"]
         seed = (c.get("vary") or {}).get("seed", default_seed)
         if r["kind"] == "prune":
             prune[(*cell(c), seed)] = prune_value(r)
         elif r["kind"] == "evaluate" and c["method"] == "baseline":
-            baseline[c["model"]] = r["metrics"].get(metric)
+            baseline[c["model"]] = value(r)
         elif r["kind"] == "evaluate":
-            evals[(*cell(c), seed, c["rft"])] = r["metrics"].get(metric)
+            evals[(*cell(c), seed, c["rft"])] = value(r)
     return prune, evals, baseline

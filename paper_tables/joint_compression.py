@@ -17,13 +17,17 @@ from pathlib import Path
 from paper_tables import writers
 from paper_tables.collect import by_seed
 from paper_tables.figures import save_figure
-from state_reduction.pipeline import load_experiment, profile_spec, table_cells
+from state_reduction.evaluation.mqar import CELL_PAIRS, CELLS, MIN_QUERIES, cell_name
+from state_reduction.pipeline import load_experiment, profile_spec, table_cells, table_evaluate
 from state_reduction.ralimp.linearize import parse_linearize_method
 from state_reduction.stats import mean_ci
 
 EXPERIMENT = "joint_compression"
 METRIC = {"tiny": ("wiki_word_perplexity", "wiki word ppl (tiny_wiki)"),
           "paper": ("wiki_word_perplexity", "WikiText-2 word ppl")}
+# The suites whose tables are recall tables, and the metrics their rows show (MQAR accuracy by number of pairs at the
+# recall models' training length); every other suite's rows show the profile's perplexity METRIC.
+RECALL_COLUMNS = {"tiny_mqar": tuple(f"{cell_name(p, 32)}_acc" for p in CELL_PAIRS[32])}
 GROUPS = {"state": ("o", "tab:blue"), "mlp": ("s", "tab:orange"), "both": ("D", "tab:red"),
           "baseline": ("v", "tab:gray")}
 AXES = (("params_kept", "parameters / dense"), ("state_kept", "state bytes per sequence / dense"),
@@ -46,17 +50,25 @@ def tables_of(spec: dict, profile: str) -> list[str]:
 
 
 def gather(profile: str, results_root=None) -> dict:
+    """The experiment's cells split by what their tables evaluate: `models`/`cells` (perplexity) and
+    `recall_models`/`recall_cells` (a RECALL_COLUMNS suite); `evals` and `baseline` hold each evaluation's whole
+    metrics mapping."""
     spec = load_experiment(EXPERIMENT)
     default = profile_spec(spec, profile)["prune"]["seed"]
-    metric = METRIC[profile][0]
-    models, cells = [], []
+    split = {False: ([], []), True: ([], [])}
+    recall_suite = None
     for t in tables_of(spec, profile):
         keys, cs, _ = table_cells(spec, t, profile)
+        suite = table_evaluate(spec, t, profile)[0]["suite"]
+        recall = suite in RECALL_COLUMNS
+        recall_suite = suite if recall else recall_suite
+        models, cells = split[recall]
         models += [k for k in keys if k not in models]
         cells += [c for c in cs if c not in cells]
-    prune, evals, baseline = by_seed(EXPERIMENT, profile, metric, default, results_root)
-    return {"models": models, "cells": cells, "prune": prune, "evals": evals, "baseline": baseline,
-            "default_seed": default, "profile": profile}
+    prune, evals, baseline = by_seed(EXPERIMENT, profile, None, default, results_root)
+    return {"models": split[False][0], "cells": split[False][1], "recall_models": split[True][0],
+            "recall_cells": split[True][1], "recall_suite": recall_suite, "prune": prune, "evals": evals,
+            "baseline": baseline, "default_seed": default, "profile": profile}
 
 
 def _mean(values):
@@ -64,9 +76,11 @@ def _mean(values):
     return sum(values) / len(values) if values else None
 
 
-def rows(g: dict) -> list[dict]:
+def rows(g: dict, cells: list | None = None) -> list[dict]:
+    """One row per (model, method, ratio) of `cells` (default: the perplexity cells): costs from the reduction
+    results, and `post` / `pre` the evaluations' metrics mappings per seed (None where a seed has none)."""
     groups = {}
-    for c in g["cells"]:
+    for c in (g["cells"] if cells is None else cells):
         groups.setdefault((c.model, c.method, c.ratio), []).append(dict(c.vary).get("seed", g["default_seed"]))
     out = []
     for (model, method, ratio), seeds in groups.items():
@@ -89,6 +103,11 @@ def rows(g: dict) -> list[dict]:
     return out
 
 
+def metric_of(values: list, metric: str) -> list:
+    """`metric` of each evaluation's metrics mapping (None where a seed has no evaluation or lacks it)."""
+    return [None if v is None else v.get(metric) for v in values]
+
+
 def _ci(values) -> str:
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
@@ -106,8 +125,8 @@ def _num(x, digits=3) -> str:
 
 def markdown(g: dict, rs: list[dict]) -> str:
     profile = g["profile"]
-    label = METRIC[profile][1]
-    pre = any(v is not None for r in rs for v in r["pre"])
+    metric, label = METRIC[profile]
+    pre = any(v is not None for r in rs for v in metric_of(r["pre"], metric))
     lines = [f"# Joint compression ({profile} profile)", "",
              f"{label} after RFT (lower is better), mean [95% t-interval] over seeds (n = seeds with a result); kept = "
              "reduced / dense: parameters (the linearized MLPs in their deployed, folded form), recurrent-state bytes "
@@ -119,20 +138,95 @@ def markdown(g: dict, rs: list[dict]) -> str:
               "speedup", "fit err"] + (["pre-RFT"] if pre else []) + ["post-RFT"]
     table = []
     for model in g["models"]:
-        base = g["baseline"].get(model)
+        base = (g["baseline"].get(model) or {}).get(metric)
         table.append([model, "dense", "0", "100%", "100%", "100%", "--", "1", "--"] + (["--"] if pre else [])
                      + [_ci([base])])
         for r in (r for r in rs if r["model"] == model):
             speed = _ci(r["speedup"]) if r["speedup"] else "--"
             dec = "--" if r["decode_ms"] is None else f"{r['decode_ms']:.2f} ({r['decode_ms_dense']:.2f})"
             table.append([model, r["method"], f"{r['ratio']:g}", _pct(r["params_kept"]), _pct(r["state_kept"]),
-                          _pct(r["flops_kept"]), dec, speed, _num(r["fit_error"])] + ([_ci(r["pre"])] if pre else [])
-                         + [_ci(r["post"])])
+                          _pct(r["flops_kept"]), dec, speed, _num(r["fit_error"])]
+                         + ([_ci(metric_of(r["pre"], metric))] if pre else []) + [_ci(metric_of(r["post"], metric))])
     lines.append(writers.markdown(header, table, rule=" --- ").rstrip("\n"))
     missing = [f"{r['model']}-{r['method']}-r{round(100 * r['ratio'])}" for r in rs
-               if not any(v is not None for v in r["post"])]
+               if not any(v is not None for v in metric_of(r["post"], metric))]
     lines += ["", "Cells without a post-RFT result: " + (", ".join(missing) if missing else "none") + "."]
     return "\n".join(lines) + "\n"
+
+
+def _pct_ci(values) -> str:
+    return _ci([None if v is None else 100 * v for v in values])
+
+
+def _pairs(column: str) -> int:
+    return CELLS[column.removesuffix("_acc")][0]
+
+
+def recall_markdown(g: dict, rs: list[dict]) -> str:
+    """The recall section: each recall model's reductions scored by the recall suite before RFT, accuracy in %
+    per number of key-value pairs (RECALL_COLUMNS), mean [95% t-interval] over seeds."""
+    if not g["recall_models"]:
+        return ""
+    columns = RECALL_COLUMNS[g["recall_suite"]]
+    lines = ["", "## Recall (the MQAR testbed)", "",
+             f"`{g['recall_suite']}` accuracy in % of the queried keys answered (higher is better), at 32 tokens (the "
+             f"recall models' training length) by number of key-value pairs, before RFT (the recall tables run no RFT: "
+             f"its text data would retrain the skill measured), mean [95% t-interval] over seeds (n = seeds with a "
+             f"result); dense: one deterministic evaluation. At least {MIN_QUERIES} queries per cell and evaluation. "
+             "The recall models have 2 decoder layers, so k = all replaces both MLPs.", ""]
+    header = ["model", "method", "ratio", "params kept", "state kept"] + [f"{_pairs(c)} pairs" for c in columns]
+    table = []
+    for model in g["recall_models"]:
+        base = g["baseline"].get(model) or {}
+        table.append([model, "dense", "0", "100%", "100%"] + [_pct_ci([base.get(c)]) for c in columns])
+        for r in (r for r in rs if r["model"] == model):
+            table.append([model, r["method"], f"{r['ratio']:g}", _pct(r["params_kept"]), _pct(r["state_kept"])]
+                         + [_pct_ci(metric_of(r["pre"], c)) for c in columns])
+    lines.append(writers.markdown(header, table, rule=" --- ").rstrip("\n"))
+    missing = [f"{r['model']}-{r['method']}-r{round(100 * r['ratio'])}" for r in rs
+               if not any(v is not None for v in metric_of(r["pre"], columns[-1]))]
+    lines += ["", "Recall cells without a result: " + (", ".join(missing) if missing else "none") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def recall_figure(g: dict, rs: list[dict], out_dir: Path) -> list[Path]:
+    """Recall vs number of pairs, one panel per recall model: dense and every reduction (colour: what is reduced,
+    line style: the state ratio), mean and 95% t-interval over seeds."""
+    if not g["recall_models"]:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = RECALL_COLUMNS[g["recall_suite"]]
+    pairs = [_pairs(c) for c in columns]
+    styles = {0.0: "-", 0.5: "--", 0.75: ":"}
+    models = g["recall_models"]
+    fig, axes = plt.subplots(1, len(models), figsize=(4.4 * len(models), 3.6), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        base = g["baseline"].get(model) or {}
+        if all(base.get(c) is not None for c in columns):
+            ax.plot(pairs, [100 * base[c] for c in columns], color="k", linewidth=2, marker="*", label="dense")
+        for r in (r for r in rs if r["model"] == model):
+            cis = [[100 * v for v in metric_of(r["pre"], c) if v is not None] for c in columns]
+            if not all(cis):
+                continue
+            cis = [mean_ci(v) for v in cis]
+            ax.errorbar(pairs, [c.mean for c in cis], yerr=[c.half_width or 0.0 for c in cis],
+                        color=GROUPS[r["group"]][1], marker=GROUPS[r["group"]][0], markersize=3, capsize=2,
+                        linestyle=styles.get(r["ratio"], "-."), linewidth=1,
+                        label=f"{r['method']} @ {r['ratio']:g}")
+        ax.set_xticks(pairs)
+        ax.set_ylim(0, 102)
+        ax.set_xlabel("key-value pairs (32 tokens)", fontsize=7)
+        ax.set_title(model, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("MQAR accuracy (%), before RFT", fontsize=7)
+    if axes[0][-1].get_legend_handles_labels()[0]:
+        axes[0][-1].legend(fontsize=5, loc="lower left")
+    fig.tight_layout()
+    return save_figure(fig, out_dir / "joint_compression_recall", dpi=130)
 
 
 def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -150,16 +244,16 @@ def figure(g: dict, rs: list[dict], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = g["models"]
+    models, metric = g["models"], METRIC[g["profile"]][0]
     fig, axes = plt.subplots(len(models), len(AXES), figsize=(4.2 * len(AXES), 3.3 * len(models)), squeeze=False)
     for row, model in zip(axes, models):
-        base = g["baseline"].get(model)
+        base = (g["baseline"].get(model) or {}).get(metric)
         for ax, (key, xlabel) in zip(row, AXES):
             pts = []
             for name, (marker, color) in GROUPS.items():
                 xs, ys, errs = [], [], []
                 for r in (r for r in rs if r["model"] == model and r["group"] == name):
-                    vals = [v for v in r["post"] if v is not None and math.isfinite(v)]
+                    vals = [v for v in metric_of(r["post"], metric) if v is not None and math.isfinite(v)]
                     if not vals or r[key] is None:
                         continue
                     ci = mean_ci(vals)
@@ -190,9 +284,10 @@ def figure(g: dict, rs: list[dict], out_dir: Path) -> list[Path]:
 
 def render(profile: str = "tiny", results_root=None, out_root: Path | None = None,
            figures_root: Path | None = None) -> list[Path]:
-    """paper_tables/out/<profile>/joint_compression.md and the Pareto figure."""
+    """paper_tables/out/<profile>/joint_compression.md, the Pareto figure and, where the experiment has recall
+    tables, the recall figure."""
     g = gather(profile, results_root)
-    rs = rows(g)
+    rs, recall = rows(g), rows(g, g["recall_cells"])
     out, fig_dir = writers.output_dirs(profile, out_root, figures_root)
-    (out / "joint_compression.md").write_text(markdown(g, rs))
-    return [out / "joint_compression.md", *figure(g, rs, fig_dir)]
+    (out / "joint_compression.md").write_text(markdown(g, rs) + recall_markdown(g, recall))
+    return [out / "joint_compression.md", *figure(g, rs, fig_dir), *recall_figure(g, recall, fig_dir)]

@@ -52,3 +52,30 @@ def test_render_from_results(tmp_path):
     assert "| gated_deltanet | dense | 0 |" in md and "100 (n=1)" in md
     assert "gated_deltanet-drrqr+ralimp-k2-r50" in md.split("Cells without a post-RFT result:")[1]
     assert {p.suffix for p in paths} == {".md", ".png", ".pdf"} and all(p.exists() for p in paths)
+
+
+def test_recall_section_from_results(tmp_path):
+    """The recall tables' cells (tiny_mqar suite) render in their own section, accuracy in % per pair count before
+    RFT with the interval over seeds; the perplexity table does not list the recall models."""
+    root = tmp_path / "results"
+    base = {"model": "gated_deltanet_mqar", "experiment": "joint_compression", "suite": "tiny_mqar"}
+    columns = jc.RECALL_COLUMNS["tiny_mqar"]
+    _write(root, "dense", "evaluate", {**base, "method": "baseline", "ratio": 0.0, "rft": False},
+           {c: 0.99 for c in columns})
+    acc = {0: 0.50, 1: 0.60, 2: 0.55}
+    for seed, value in acc.items():
+        cfg = {**base, "method": "ralimp-k1", "ratio": 0.0, "vary": {"seq_len": 32, "n_calib": 64,
+                                                                        **({"seed": seed} if seed else {})}}
+        _write(root, f"p{seed}", "prune", cfg, {"parameters_before": 1000.0, "parameters_after": 900.0,
+                                                "state_bytes_before": 64.0, "state_bytes_after": 64.0})
+        _write(root, f"e{seed}", "evaluate", {**cfg, "rft": False}, {c: value for c in columns})
+    paths = render("joint_compression", "tiny", results_root=root, out_root=tmp_path / "out",
+                   figures_root=tmp_path / "fig")
+    md = (tmp_path / "out" / "tiny" / "joint_compression.md").read_text()
+    table, recall = md.split("## Recall (the MQAR testbed)")
+    assert "gated_deltanet_mqar" not in table
+    row = next(line for line in recall.splitlines() if "| gated_deltanet_mqar | ralimp-k1 | 0 |" in line)
+    assert "| 90.0% | 100.0% |" in row and row.count(mean_ci([50.0, 60.0, 55.0]).format(4)) == len(columns)
+    assert "| gated_deltanet_mqar | dense | 0 | 100% | 100% | 99 (n=1) |" in recall
+    assert "deltanet_mqar-drrqr-r50" in recall.split("Recall cells without a result:")[1]
+    assert any(p.name.startswith("joint_compression_recall") for p in paths)
