@@ -2,11 +2,13 @@
 linearization alone, and both, per tiny family.
 
 `state-reduction render joint_compression [--profile tiny|paper]` writes paper_tables/out/<profile>/joint_compression.md
-(per model, method and ratio: post-RFT perplexity as mean [95% t-interval] over seeds, parameters, state bytes and
+(per model, method and ratio: pre- and post-RFT perplexity as mean [95% t-interval] over seeds, parameters, state bytes and
 FLOPs per token kept, decode time of the reduced and the dense model measured side by side and their paired speedup,
 the local fit's relative error of the replaced MLPs) and the Pareto figure figures/<profile>/joint_compression_pareto
 .{png,pdf} (perplexity vs parameters, state bytes and decode time, each relative to dense; the non-dominated cells
-joined). Reads only result files (state_reduction.pipeline.collect).
+joined). The recall tables (those whose suite is a RECALL_COLUMNS suite: the MQAR testbed's models) get their own
+section (accuracy per number of pairs before RFT) and figure figures/<profile>/joint_compression_recall.{png,pdf}.
+Reads only result files (state_reduction.pipeline.collect).
 """
 
 from __future__ import annotations
