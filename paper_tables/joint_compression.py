@@ -192,8 +192,8 @@ def recall_markdown(g: dict, rs: list[dict]) -> str:
 
 
 def recall_figure(g: dict, rs: list[dict], out_dir: Path) -> list[Path]:
-    """Recall vs number of pairs, one panel per recall model: dense and every reduction (colour: what is reduced,
-    line style: the state ratio), mean and 95% t-interval over seeds."""
+    """Recall vs number of pairs, one panel per recall model: dense and every reduction (colour: the method,
+    marker: what is reduced, line style: the state ratio), mean and 95% t-interval over seeds."""
     if not g["recall_models"]:
         return []
     import matplotlib
@@ -205,6 +205,8 @@ def recall_figure(g: dict, rs: list[dict], out_dir: Path) -> list[Path]:
     pairs = [_pairs(c) for c in columns]
     styles = {0.0: "-", 0.5: "--", 0.75: ":"}
     models = g["recall_models"]
+    methods = list(dict.fromkeys(r["method"] for r in rs))
+    colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
     fig, axes = plt.subplots(1, len(models), figsize=(4.4 * len(models), 3.6), squeeze=False)
     for ax, model in zip(axes[0], models):
         base = g["baseline"].get(model) or {}
@@ -216,7 +218,7 @@ def recall_figure(g: dict, rs: list[dict], out_dir: Path) -> list[Path]:
                 continue
             cis = [mean_ci(v) for v in cis]
             ax.errorbar(pairs, [c.mean for c in cis], yerr=[c.half_width or 0.0 for c in cis],
-                        color=GROUPS[r["group"]][1], marker=GROUPS[r["group"]][0], markersize=3, capsize=2,
+                        color=colours[r["method"]], marker=GROUPS[r["group"]][0], markersize=3, capsize=2,
                         linestyle=styles.get(r["ratio"], "-."), linewidth=1,
                         label=f"{r['method']} @ {r['ratio']:g}")
         ax.set_xticks(pairs)
