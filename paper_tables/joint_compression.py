@@ -150,10 +150,15 @@ def markdown(g: dict, rs: list[dict]) -> str:
                           _pct(r["flops_kept"]), dec, speed, _num(r["fit_error"])]
                          + ([_ci(metric_of(r["pre"], metric))] if pre else []) + [_ci(metric_of(r["post"], metric))])
     lines.append(writers.markdown(header, table, rule=" --- ").rstrip("\n"))
-    missing = [f"{r['model']}-{r['method']}-r{round(100 * r['ratio'])}" for r in rs
-               if not any(v is not None for v in metric_of(r["post"], metric))]
-    lines += ["", "Cells without a post-RFT result: " + (", ".join(missing) if missing else "none") + "."]
+    lines += ["", "Cells without a post-RFT result: " + _missing(rs, "post", metric) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _missing(rs: list[dict], stage: str, metric: str) -> str:
+    """The cells of `rs` with no `metric` in any seed's `stage` ("pre" / "post") evaluation, or "none"."""
+    missing = [f"{r['model']}-{r['method']}-r{round(100 * r['ratio'])}" for r in rs
+               if not any(v is not None for v in metric_of(r[stage], metric))]
+    return ", ".join(missing) if missing else "none"
 
 
 def _pct_ci(values) -> str:
@@ -185,9 +190,7 @@ def recall_markdown(g: dict, rs: list[dict]) -> str:
             table.append([model, r["method"], f"{r['ratio']:g}", _pct(r["params_kept"]), _pct(r["state_kept"])]
                          + [_pct_ci(metric_of(r["pre"], c)) for c in columns])
     lines.append(writers.markdown(header, table, rule=" --- ").rstrip("\n"))
-    missing = [f"{r['model']}-{r['method']}-r{round(100 * r['ratio'])}" for r in rs
-               if not any(v is not None for v in metric_of(r["pre"], columns[-1]))]
-    lines += ["", "Recall cells without a result: " + (", ".join(missing) if missing else "none") + "."]
+    lines += ["", "Recall cells without a result: " + _missing(rs, "pre", columns[-1]) + "."]
     return "\n".join(lines) + "\n"
 
 
