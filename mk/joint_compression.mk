@@ -1,11 +1,12 @@
-# Joint compression (issue 18 part 4, experiments/joint_compression): per family (DeltaNet, Gated DeltaNet, the
-# Qwen3.5-style hybrid; JOINT_FAMILIES) the missing cells of its three tables (DRRQR alone, MLP linearization
-# alone, both: reduce, RFT, evaluate), the families in parallel processes (one thread each); then the table, the
-# Pareto figures and the generated verdicts. Resumable: a rerun runs only what is missing.
+# Joint compression (issue 18 part 4, experiments/joint_compression): per group (the text models DeltaNet, Gated
+# DeltaNet and the Qwen3.5-style hybrid, and `recall`: the three MQAR recall models; JOINT_GROUPS_TINY) the missing
+# cells of its three tables joint_<group>_{state,mlp,both} (DRRQR alone, MLP linearization alone, both: reduce,
+# RFT, evaluate), the groups in parallel processes (one thread each); then the tables, the Pareto and recall
+# figures and the generated verdicts. Resumable: a rerun runs only what is missing.
 #   make joint-compression [PROFILE=tiny]      (PROFILE=paper: the GDN 1.3B plan, joint_paper_*; --dry-run it first:
 #   state-reduction run-table joint_paper_both --profile paper --dry-run)
-JOINT_FAMILIES ?= deltanet gated_deltanet qwen3_5
-JOINT_GROUPS = $(if $(filter paper,$(PROFILE)),paper,$(JOINT_FAMILIES))
+JOINT_GROUPS_TINY ?= deltanet gated_deltanet qwen3_5 recall
+JOINT_GROUPS = $(if $(filter paper,$(PROFILE)),paper,$(JOINT_GROUPS_TINY))
 .PHONY: joint-compression
 joint-compression: setup
 	@pids=""; for f in $(JOINT_GROUPS); do \
