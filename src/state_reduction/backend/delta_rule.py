@@ -134,15 +134,16 @@ class StateBuffers:
 
 
 STATE_BUFFERS = StateBuffers()
-# heads per block of the in-place recurrence: a block's state is decayed, read and updated while it sits in the core's
-# cache (L2 2 MiB per core on this machine). Chosen by measurement (issue 20 part 3, experiments/speed/README.md).
-STATE_BLOCK_BYTES = 512 << 10
+# bytes of state per block of the in-place recurrence: a block is decayed, read and updated while it sits in the core's
+# cache (2 MiB of L2 per core on the machine it was measured on); 1 MiB ran best of 256 KiB - 2 MiB at d_k 128/64/32
+# (issue 20 part 3, experiments/speed/README.md)
+STATE_BLOCK_BYTES = 1 << 20
 
 
-def _recurrent_scan_inplace(q, k, v, beta, g, h0, scale: float, v_first: bool, block_bytes: int = STATE_BLOCK_BYTES):
+def _recurrent_scan_inplace(q, k, v, beta, g, h0, scale: float, v_first: bool, block_bytes: int | None = None):
     """`_recurrent_scan` for inference (no autograd), in the state's own layout (h0 [B, H, K, V], or [B, H, V, K]
     if v_first) and without state-sized temporaries (issue 20). The B*H head states are processed in blocks of about
-    `block_bytes`; per block and token, while the block stays in cache:
+    `block_bytes` (default `STATE_BLOCK_BYTES`); per block and token, while the block stays in cache:
         h <- e^g h (g = 0 for the plain delta rule; the first token copies h0 into the buffer on the way),
         [u; r] = [b v; 0] + [-b k, scale q]^T h   (one baddbmm: u = b (v - h^T k), r = scale h^T q),
         h <- h + k u^T (in place),
@@ -173,7 +174,8 @@ def _recurrent_scan_inplace(q, k, v, beta, g, h0, scale: float, v_first: bool, b
     rank1 = (u[..., None], k_t[:, :, None, :]) if v_first else (k_t[..., None], u[:, :, None, :])
     decay = None if g is None else g.permute(2, 0, 1).exp().reshape(T, BH, 1, 1)
 
-    n = max(1, min(BH, block_bytes // (dst[0].numel() * dst.element_size())))
+    block_bytes = STATE_BLOCK_BYTES if block_bytes is None else block_bytes
+    n = max(1, min(BH, block_bytes // (math.prod(dst.shape[1:]) * dst.element_size())))  # heads per block
     as_kv = (lambda x: x.mT) if v_first else (lambda x: x)  # the state as [K, V] for the read
     src_b, dst_b, dst_kv = src.split(n), dst.split(n), as_kv(dst).split(n)
     per_token = [tuple(x[t].split(n) for x in (lhs, read, *rank1)) + (() if decay is None else (decay[t].split(n),))
@@ -189,7 +191,7 @@ def _recurrent_scan_inplace(q, k, v, beta, g, h0, scale: float, v_first: bool, b
             elif decay_b:
                 dst_b[j].mul_(decay_b[0][j])
             read_b[j].baddbmm_(lhs_b[j], dst_kv[j])
-            dst_b[j].addcmul_(left_b[j], right_b[j])
+            dst_b[j].baddbmm_(left_b[j], right_b[j])  # rank 1; ran 1.4x faster than addcmul_ at d_k 64 in cache
     out = torch.addcmul(read[:, :, 1], qk, u)  # [T, BH, V]
     return out.view(T, B, H, V).permute(1, 2, 0, 3), h
 
