@@ -248,9 +248,13 @@ def run_delta_rule(
     # zero padding (beta = 0, g = 0) leaves the state untouched, so final states stay exact
     length = q.shape[1]
     pad = 0 if chunk_size is None else -length % chunk_size
-    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v))  # [B, HV, T, K]
-    beta = F.pad(beta, (0, 0, 0, pad)).transpose(1, 2)  # [B, HV, T]
-    g = None if g is None else F.pad(g, (0, 0, 0, pad)).transpose(1, 2)
+
+    def pad_time(x):  # F.pad copies even when it pads nothing (half the decode step's work outside the recurrence)
+        return F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) if pad else x
+
+    q, k, v = (pad_time(x).transpose(1, 2) for x in (q, k, v))  # [B, HV, T, K]
+    beta = pad_time(beta).transpose(1, 2)  # [B, HV, T]
+    g = None if g is None else pad_time(g).transpose(1, 2)
 
     if initial_state is None:
         h0 = q.new_zeros(q.shape[0], HV, V, K) if state_v_first else q.new_zeros(q.shape[0], HV, K, V)
