@@ -249,7 +249,7 @@ def run_delta_rule(
     length = q.shape[1]
     pad = 0 if chunk_size is None else -length % chunk_size
 
-    def pad_time(x):  # F.pad copies even when it pads nothing (half the decode step's work outside the recurrence)
+    def pad_time(x):  # F.pad copies even when it pads nothing (5 copies per decode step)
         return F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) if pad else x
 
     q, k, v = (pad_time(x).transpose(1, 2) for x in (q, k, v))  # [B, HV, T, K]
