@@ -1,7 +1,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
+from state_reduction.backend import delta_rule
 from state_reduction.backend.delta_rule import STATE_BUFFERS, StateBuffers
 from state_reduction.backend.gated_delta_rule import chunk_gated_delta_rule_torch, recurrent_gated_delta_rule_torch
 
@@ -171,12 +174,12 @@ def test_inplace_inference_scan_equals_the_autograd_scan_and_leaves_h0_alone(T, 
 
 
 @pytest.mark.parametrize('v_first', [True, False])
-def test_inplace_scan_equals_the_loop_with_folded_and_unfoldable_decays(v_first):
-    """The folded decay (e^-g into the rank-1 vector, issue 20) and its fallback when e^g < MIN_FOLDED_DECAY (a step
-    with a gate of -80) both equal the plain S_t = e^g S_{t-1} (I - b k k^T) + b v k^T loop."""
+def test_inplace_scan_equals_the_loop_with_a_vanishing_decay(v_first):
+    """A step with a gate of -80 (e^g ~ 2^-115, which an update folding e^-g into the rank-1 vector could not take)
+    equals the plain S_t = e^g S_{t-1} (I - b k k^T) + b v k^T loop."""
     x = make_inputs(T=6, HV=2, H=2)
     g = -x['A_log'].exp() * F.softplus(x['a'] + x['dt_bias'])
-    g[:, 3, 0] = -80.0  # e^-80 < 2^-60 for one head of every sequence: that token takes the unfolded update
+    g[:, 3, 0] = -80.0
     beta = x['b'].sigmoid()
     q, k = (F.normalize(x[n], dim=-1, eps=0) for n in ('q', 'k'))
     h0 = x['h0'].transpose(-1, -2).contiguous() if v_first else x['h0']
@@ -224,4 +227,68 @@ def test_decode_states_do_not_alias_across_steps():
         assert s3.data_ptr() != s2.data_ptr()
     finally:
         STATE_BUFFERS.min_bytes = pool_min
+        STATE_BUFFERS.clear()
+
+
+@pytest.mark.parametrize('block_heads', [1, 4, 7, 100])
+@pytest.mark.parametrize('T', [1, 6])
+@pytest.mark.parametrize('gated', [True, False])
+@pytest.mark.parametrize('v_first', [True, False])
+def test_blocked_inplace_scan_equals_the_loop_and_the_chunked_form(block_heads, T, gated, v_first, monkeypatch):
+    """The in-place recurrence runs over blocks of `block_heads` head states (issue 20): blocks of one head, blocks
+    that do not divide B * HV = 15 (last blocks of 3 and of 1 heads), one block for all. It equals the plain loop and
+    the chunked form at 1e-10 in float64 and leaves h0 alone."""
+    x = make_inputs(B=5, T=T, H=3, HV=3, K=8, V=6)
+    monkeypatch.setattr(delta_rule, 'STATE_BLOCK_BYTES', block_heads * 8 * 6 * 8)
+    g = -x['A_log'].exp() * F.softplus(x['a'] + x['dt_bias']) if gated else torch.zeros_like(x['a'])
+    beta = x['b'].sigmoid()
+    q, k = (F.normalize(x[n], dim=-1, eps=0) for n in ('q', 'k'))
+    h0 = x['h0'].transpose(-1, -2).contiguous() if v_first else x['h0']
+    keep = h0.clone()
+    kwargs = dict(initial_state=h0, output_final_state=True, state_v_first=v_first)
+    o, ht = recurrent_gated_delta_rule_torch(q, k, x['v'], g=g if gated else None, beta=beta, **kwargs)
+    assert torch.equal(h0, keep)
+    o_loop, ht_loop = loop_gated_delta_rule(q, k, x['v'], g, beta, x['h0'], scale=8 ** -0.5)
+    o_chunk, ht_chunk = chunk_gated_delta_rule_torch(q, k, x['v'], g, beta, chunk_size=4, **kwargs)
+    for o_ref, ht_ref in ((o_loop, ht_loop.transpose(-1, -2) if v_first else ht_loop), (o_chunk, ht_chunk)):
+        torch.testing.assert_close(o, o_ref, atol=ATOL, rtol=0)
+        torch.testing.assert_close(ht, ht_ref, atol=ATOL, rtol=0)
+
+
+class StorageSizes(TorchDispatchMode):
+    """Bytes of every storage an op returns inside the block (views and inputs returned as they are included), by data
+    pointer."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return out
+
+
+@pytest.mark.parametrize('gated', [True, False])
+def test_decode_step_makes_no_state_sized_temporary(gated, monkeypatch):
+    """With the buffer pool warm, a decode step (blocks of 3 of the 8 head states) returns no storage of a quarter of
+    the state or more except h0's own (its views) and its final state, which is the pool's buffer again (issue 20)."""
+    x = make_inputs(B=4, T=1, H=2, HV=2, K=32, V=32)
+    h0 = x['h0'].transpose(-1, -2).contiguous()  # 64 KiB; the per-token operands are 4 KiB
+    monkeypatch.setattr(delta_rule, 'STATE_BLOCK_BYTES', 3 * 32 * 32 * 8)
+    monkeypatch.setattr(STATE_BUFFERS, 'min_bytes', 0)
+    kwargs = dict(g=-x['a'].abs() if gated else None, beta=x['b'].sigmoid(), initial_state=h0, output_final_state=True,
+                  use_qk_l2norm_in_kernel=True, state_v_first=True)
+    STATE_BUFFERS.clear()
+    try:
+        _, first = recurrent_gated_delta_rule_torch(x['q'], x['k'], x['v'], **kwargs)
+        pooled = first.untyped_storage().data_ptr()
+        del first
+        with StorageSizes() as seen:
+            _, ht = recurrent_gated_delta_rule_torch(x['q'], x['k'], x['v'], **kwargs)
+        assert ht.untyped_storage().data_ptr() == pooled
+        assert {p for p, n in seen.sizes.items() if n >= h0.nbytes // 4} == {pooled, h0.untyped_storage().data_ptr()}
+    finally:
         STATE_BUFFERS.clear()

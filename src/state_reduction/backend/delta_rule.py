@@ -134,54 +134,66 @@ class StateBuffers:
 
 
 STATE_BUFFERS = StateBuffers()
-# below it e^-g would leave float32's range (2^-126..2^127) once multiplied by the rank-1 vector
-MIN_FOLDED_DECAY = 2.0 ** -60
+# bytes of state per block of the in-place recurrence: a block is decayed, read and updated while it sits in the core's
+# cache (2 MiB of L2 per core on the machine it was measured on); 1 MiB ran best of 256 KiB - 2 MiB at d_k 128/64/32
+# (issue 20 part 3, experiments/speed/README.md)
+STATE_BLOCK_BYTES = 1 << 20
 
 
-def _recurrent_scan_inplace(q, k, v, beta, g, h0, scale: float, v_first: bool):
+def _recurrent_scan_inplace(q, k, v, beta, g, h0, scale: float, v_first: bool, block_bytes: int | None = None):
     """`_recurrent_scan` for inference (no autograd), in the state's own layout (h0 [B, H, K, V], or [B, H, V, K]
-    if v_first) and without state-sized temporaries (issue 20). Per token the state is read once (k^T h and q^T h
-    in one batched product), then decayed and updated by a rank-1 product in place; the caller's h0 is never written
-    (the first token writes a buffer from `STATE_BUFFERS`):
-        r = [k, scale q]^T h_{t-1},   u = b (v - e^g r_k),   h_t = e^g h_{t-1} + k u^T,   o = e^g r_q + (scale q.k) u
-    State traffic per token: 3 passes (delta rule: read, then read+write) or 5 (gated: one more read+write)."""
+    if v_first) and without state-sized temporaries (issue 20). The B*H head states are processed in blocks of about
+    `block_bytes` (default `STATE_BLOCK_BYTES`); per block and token, while the block stays in cache:
+        h <- e^g h (g = 0 for the plain delta rule; the first token copies h0 into the buffer on the way),
+        [u; r] = [b v; 0] + [-b k, scale q]^T h   (one baddbmm: u = b (v - h^T k), r = scale h^T q),
+        h <- h + k u^T (in place),
+        o = r + (scale q.k) u.
+    The caller's h0 is never written; the final state comes from `STATE_BUFFERS`. State traffic per token from
+    memory: one read and one write, as a copy; the other passes hit the cache."""
     B, H, T, K = q.shape
     V = v.shape[-1]
+    BH = B * H
     h = STATE_BUFFERS.empty(h0.shape, h0.dtype, h0.device)  # [B, H, K, V] or [B, H, V, K], contiguous
-    flat = h.view(B * H, *h.shape[2:])
-    src = h0.reshape(B * H, *h0.shape[2:])
-    # [k, scale q] as rows: the read below multiplies by their transpose, the layout MKL's batched gemv-like gemm
-    # reads at copy speed (the column layout [K, 2] ran 2-3x slower)
-    kq = torch.stack((k, q * scale), dim=3).reshape(B * H, T, 2, K)
-    out = q.new_empty(B, H, T, V)
-    for t in range(T):
-        rows_kq = kq[:, t]  # [BH, 2, K]
-        read = (src @ rows_kq.transpose(-1, -2)).transpose(-1, -2) if v_first else rows_kq @ src  # [BH, 2, V]
-        read = read.view(B, H, 2, V)
-        k_t = k[:, :, t]
-        decay = None if g is None else g[:, :, t].exp()[..., None]  # [B, H, 1]
-        if decay is not None:
-            read = read * decay[..., None]
-        u = beta[:, :, t, None] * (v[:, :, t] - read[:, :, 0])  # [B, H, V]
-        fold = decay is not None and bool(decay.min() >= MIN_FOLDED_DECAY)
-        # folded: h_t = e^g (h_{t-1} + k (e^-g u)^T), one addcmul and one in-place scaling, which ran 1.5-2x faster
-        # than a broadcast mul into the buffer followed by the rank-1 update at d_k 32 and never slower at d_k 128;
-        # it costs 2 extra roundings per element
-        w = u / decay if fold else u
-        rows, cols = (w, k_t) if v_first else (k_t, w)
-        rows, cols = rows.reshape(B * H, -1, 1), cols.reshape(B * H, 1, -1)
-        if decay is not None and not fold:
-            torch.mul(src, decay.reshape(B * H, 1, 1), out=flat)
-            flat.addcmul_(rows, cols)
-        elif t == 0:
-            torch.addcmul(src, rows, cols, out=flat)
-        else:
-            flat.addcmul_(rows, cols)
-        if fold:
-            flat.mul_(decay.reshape(B * H, 1, 1))
-        out[:, :, t] = read[:, :, 1] + (q[:, :, t] * scale * k_t).sum(-1, keepdim=True) * u
-        src = flat
-    return out, h
+    dst = h.view(BH, *h.shape[2:])
+    src = h0.reshape(BH, *h0.shape[2:])
+    if T == 0:
+        return q.new_empty(B, H, 0, V), h.copy_(h0)
+
+    q_t, k_t, v_t = (x.permute(2, 0, 1, 3) for x in (q, k, v))  # [T, B, H, *]: a block of heads is a slice of a token
+    beta_t = beta.permute(2, 0, 1)[..., None]  # [T, B, H, 1]
+    lhs = q.new_empty(T, B, H, 2, K)  # [-b k, scale q]
+    torch.mul(k_t, -beta_t, out=lhs[..., 0, :])
+    torch.mul(q_t, scale, out=lhs[..., 1, :])
+    read = q.new_empty(T, B, H, 2, V)  # [b v; 0], accumulated in place into [u; r]
+    torch.mul(v_t, beta_t, out=read[..., 0, :])
+    read[..., 1, :].zero_()
+    qk = (lhs[..., 1, :] * k_t).sum(-1, keepdim=True).view(T, BH, 1)  # scale q.k
+    lhs, read = lhs.view(T, BH, 2, K), read.view(T, BH, 2, V)
+    u = read[:, :, 0]
+    k_t = k_t.reshape(T, BH, K)
+    rank1 = (u[..., None], k_t[:, :, None, :]) if v_first else (k_t[..., None], u[:, :, None, :])
+    decay = None if g is None else g.permute(2, 0, 1).exp().reshape(T, BH, 1, 1)
+
+    block_bytes = STATE_BLOCK_BYTES if block_bytes is None else block_bytes
+    n = max(1, min(BH, block_bytes // (math.prod(dst.shape[1:]) * dst.element_size())))  # heads per block
+    as_kv = (lambda x: x.mT) if v_first else (lambda x: x)  # the state as [K, V] for the read
+    src_b, dst_b, dst_kv = src.split(n), dst.split(n), as_kv(dst).split(n)
+    per_token = [tuple(x[t].split(n) for x in (lhs, read, *rank1)) + (() if decay is None else (decay[t].split(n),))
+                 for t in range(T)]
+    for j in range(len(dst_b)):
+        for t, (lhs_b, read_b, left_b, right_b, *decay_b) in enumerate(per_token):
+            # the first token brings the block from h0 into the buffer (the one pass from memory, a copy or a
+            # decayed copy); reading h0 directly in the baddbmm instead ran 1.1-1.2x slower at d_k 128
+            if t == 0 and decay_b:
+                torch.mul(src_b[j], decay_b[0][j], out=dst_b[j])
+            elif t == 0:
+                dst_b[j].copy_(src_b[j])
+            elif decay_b:
+                dst_b[j].mul_(decay_b[0][j])
+            read_b[j].baddbmm_(lhs_b[j], dst_kv[j])
+            dst_b[j].baddbmm_(left_b[j], right_b[j])  # rank 1; ran 1.4x faster than addcmul_ at d_k 64 in cache
+    out = torch.addcmul(read[:, :, 1], qk, u)  # [T, BH, V]
+    return out.view(T, B, H, V).permute(1, 2, 0, 3), h
 
 
 def run_delta_rule(
@@ -236,9 +248,13 @@ def run_delta_rule(
     # zero padding (beta = 0, g = 0) leaves the state untouched, so final states stay exact
     length = q.shape[1]
     pad = 0 if chunk_size is None else -length % chunk_size
-    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v))  # [B, HV, T, K]
-    beta = F.pad(beta, (0, 0, 0, pad)).transpose(1, 2)  # [B, HV, T]
-    g = None if g is None else F.pad(g, (0, 0, 0, pad)).transpose(1, 2)
+
+    def pad_time(x):  # F.pad copies even when it pads nothing (5 copies per decode step)
+        return F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) if pad else x
+
+    q, k, v = (pad_time(x).transpose(1, 2) for x in (q, k, v))  # [B, HV, T, K]
+    beta = pad_time(beta).transpose(1, 2)  # [B, HV, T]
+    g = None if g is None else pad_time(g).transpose(1, 2)
 
     if initial_state is None:
         h0 = q.new_zeros(q.shape[0], HV, V, K) if state_v_first else q.new_zeros(q.shape[0], HV, K, V)
