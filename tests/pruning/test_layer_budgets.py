@@ -11,11 +11,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from state_reduction.errors import InputError
 from state_reduction.models.families import FAMILIES as REGISTRY
 from state_reduction.models.families import family_for, get_adapter
-from state_reduction.pruning.budgets import last_head_factor
+from state_reduction.pruning import prune as prune_module
+from state_reduction.pruning.budgets import Budget, last_head_factor, layer_budget
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.pruning.selectors import SELECTORS, SelectorInput, get_selector
+from state_reduction.pruning.shed import Candidate, masked
 from state_reduction.pruning.srrqr import _qrcp, qrcp_pivot_norms
 from state_reduction.pruning.surgery import reduce_model
 from state_reduction.pruning.types import KeyChannelSelection
@@ -224,13 +227,6 @@ def test_bad_budget_input_is_one_line(tmp_path, kwargs, message):
 
 # --allow-layer-removal and --budget-granularity head ----------------------------------------------------------
 
-from state_reduction.errors import InputError  # noqa: E402
-from state_reduction.pruning import prune as prune_module  # noqa: E402
-from state_reduction.pruning.budgets import layer_budget  # noqa: E402
-from state_reduction.pruning.shed import Candidate, masked  # noqa: E402
-from tests.pruning.test_adapters import zero_conv_channels as _zero_convs  # noqa: E402,F401
-
-
 def _spiked(scores: dict) -> dict:
     """Layer scores where the first layer has one dominant channel: its layer-normalised scores are ~0 but one."""
     first = min(scores)
@@ -275,8 +271,6 @@ def test_a_removed_mixer_reloads_and_equals_the_model_with_that_mixer_zeroed(fam
 def _first_layer_emptied(scores, K, ratio, budget, **kw):
     """The uniform budget with the first layer's channels moved to the second (same total): a budget that empties
     a layer, for prune's handling of it (which budgets empty a layer: the layer_budget tests above)."""
-    from state_reduction.pruning.budgets import Budget
-
     b = layer_budget(scores, K, ratio, "uniform")
     first, second, *_ = sorted(b.key_dims)
     assert kw["allow_layer_removal"] and 2 * b.key_dims[first] == K
@@ -349,7 +343,7 @@ def test_head_granularity_checkpoint_equals_the_masked_dense_model(family, tmp_p
         with torch.no_grad():
             for w in adapter.qk_weights(ref.module):
                 w[~keep_mask] = 0
-            _zero_convs(dense, ref.module, keep_mask)
+            zero_conv_channels(dense, ref.module, keep_mask)
     if family in DELTA_FAMILIES:
         def stored_layer_scale(q, k, kwargs):  # the checkpoint's K'^-0.5 at the layer's largest K'_h
             kept = (q != 0).flatten(0, 1).any(0).sum(-1).max().clamp(min=1).double()

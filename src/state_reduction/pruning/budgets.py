@@ -13,6 +13,10 @@ uniform budget's total sum_l H_l floor(K (1 - ratio)), up to the rounding report
   remove `multiple` channels per head where the next normalised score is largest / smallest) so the total
   state equals the uniform one within one multiple per layer.
 
+A layer left at K' = 0 (only with `floor` 0) is refused unless `allow_layer_removal` (prune then removes that
+layer's token mixer, `Budget.removed_layers`). `granularity="head"` gives each head its own K'_h from the same
+threshold, rounded, floored and repaired per head; the layer stores the largest (`Budget.allocated_total`).
+
 The seeds' two global budgets share the normalisation and differ in the score: AIRE's energy
 ||C||^2 ||B||^2 / (1 - |lambda|^2) and LAST's squared H-infinity norm ||C||^2 ||B||^2 / (1 - |lambda|)^2. Here any
 selector's per-channel scores (pruning.selectors, `Selector.channel_scores`) take the place of the energy for
