@@ -352,3 +352,18 @@ def test_head_granularity_checkpoint_equals_the_masked_dense_model(family, tmp_p
 
         wrap_kernels(monkeypatch, family, stored_layer_scale)
     torch.testing.assert_close(logits(dense, ids), got, atol=ATOL[family], rtol=0)
+
+
+def test_rft_of_a_checkpoint_with_a_removed_mixer_merges_into_the_same_variant(tmp_path, monkeypatch):
+    from state_reduction.rft import run_rft
+    from tests.rft.conftest import make_small_config
+
+    monkeypatch.setattr(prune_module, "layer_budget", _first_layer_emptied)
+    dense, student = str(CHECKPOINTS / "gated_deltanet"), tmp_path / "pruned"
+    prune(PruneConfig(model=dense, method="l1", ratio=0.5, budget="global-aire", budget_floor=0,
+                      allow_layer_removal=True, out=str(student), n_calib=2, seq_len=64, batch_size=2))
+    run_rft(make_small_config(str(student), dense, tmp_path / "rft", steps=3, rank=4, alpha=24.0, lr=1e-2))
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "rft" / "model")).eval()
+    before = AutoModelForCausalLM.from_pretrained(str(student)).config
+    assert merged.config.removed_mixers == [0] and merged.config.layer_key_dims == before.layer_key_dims
+    assert 0 not in [r.layer for r in get_adapter(merged).mixers(merged)]
