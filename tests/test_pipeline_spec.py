@@ -220,3 +220,37 @@ def test_the_budget_varies_like_a_setting_and_uniform_keeps_the_plain_name_and_k
     with pytest.raises(PipelineError, match="table20 of experiment 'deltanet_gdn', cell deltanet-rand-r50-bud_global-last"
                                             ": --budget global-last needs per-channel scores; --method rand has none"):
         plan_table(str(_write(tmp_path, unscored)), "table20", "tiny")
+
+
+def test_budget_granularity_and_layer_removal_vary_and_an_unknown_granularity_is_refused(tmp_path, monkeypatch):
+    """Issue 17: `budget_granularity` and `allow_layer_removal` vary like the other budget settings (their defaults
+    are no override) and reach prune; an unknown granularity is one line when the table is planned."""
+    from state_reduction.pipeline import stages
+
+    def vary(spec):
+        spec["tables"]["table20"]["vary"] = {"budget": ["global-aire"], "budget_granularity": ["layer", "head"],
+                                             "allow_layer_removal": [False, True]}
+        spec["tables"]["table20"]["methods"] = ["l1"]
+
+    path = str(_write(tmp_path, vary))
+    names = {n for n, _ in plan_table(path, "table20", "tiny")["stages"]["prune"]}
+    assert any("-gran_head" in n for n in names) and any("-rm_True" in n for n in names)
+    assert not any("gran_layer" in n or "rm_False" in n for n in names)
+    seen = {}
+
+    def spy(cfg):
+        seen["cfg"] = cfg
+        raise StopIteration
+
+    monkeypatch.setattr(stages, "prune", spy)
+    runner = stages.Runner(load_experiment(path), "tiny", results_root=tmp_path / "r")
+    vary_cell = (("allow_layer_removal", True), ("budget", "global-aire"), ("budget_granularity", "head"))
+    with pytest.raises(StopIteration):
+        stages.run_prune(runner, "x", runner.prune_config(stages.Cell("deltanet", "l1", 0.5, vary_cell)))
+    assert (seen["cfg"].budget_granularity, seen["cfg"].allow_layer_removal) == ("head", True)
+
+    def typo(spec):
+        spec["tables"]["table20"]["vary"] = {"budget": ["global-aire"], "budget_granularity": ["heads"]}
+
+    with pytest.raises(PipelineError, match="table20 .* vary budget_granularity 'heads' unknown; accepted: layer, head"):
+        plan_table(str(_write(tmp_path, typo)), "table20", "tiny")

@@ -42,8 +42,11 @@ def test_global_budget_moves_channels_to_the_layer_with_flat_scores():
 def test_bad_input_is_one_line_naming_the_option():
     with pytest.raises(ValueError, match="--budget-floor 9: .* the largest floor is 8"):
         layer_budget(_scores(), 16, 0.5, "global-aire", floor=9)
-    with pytest.raises(ValueError, match="--budget-floor 0 lets a global budget remove every channel of a layer"):
-        layer_budget(_scores(), 16, 0.5, "global-last", floor=0)
+    spike = torch.full((4, 8), 1e-9)
+    spike[0, 0] = 1.0  # one channel carries the layer: its other normalised scores are ~0
+    with pytest.raises(ValueError, match=r"--budget global-last with --budget-floor 0 leaves layer\(s\) 1 with K'=0 "
+                                         r"\(every key channel removed\); pass --allow-layer-removal"):
+        layer_budget({0: torch.ones(4, 8), 1: spike}, 8, 0.5, "global-last", floor=0)
     with pytest.raises(ValueError, match="--budget 'global' unknown; accepted: uniform, global-aire, global-last"):
         layer_budget(_scores(), 16, 0.5, "global")
     with pytest.raises(ValueError, match="--budget global-aire needs per-channel scores; --method pca has none"):

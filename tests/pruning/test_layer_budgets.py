@@ -11,11 +11,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from state_reduction.errors import InputError
 from state_reduction.models.families import FAMILIES as REGISTRY
 from state_reduction.models.families import family_for, get_adapter
-from state_reduction.pruning.budgets import last_head_factor
+from state_reduction.pruning import prune as prune_module
+from state_reduction.pruning.budgets import Budget, last_head_factor, layer_budget
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.pruning.selectors import SELECTORS, SelectorInput, get_selector
+from state_reduction.pruning.shed import Candidate, masked
 from state_reduction.pruning.srrqr import _qrcp, qrcp_pivot_norms
 from state_reduction.pruning.surgery import reduce_model
 from state_reduction.pruning.types import KeyChannelSelection
@@ -210,8 +213,8 @@ def test_uniform_prune_records_no_budget_fields(tmp_path):
     ({"method": "pca", "budget": "global-aire"},
      r"--budget global-aire needs per-channel scores; --method pca has none"),
     ({"method": "rand", "budget": "global-last"}, r"--budget global-last needs per-channel scores; --method rand"),
-    ({"method": "l1", "budget": "global-aire", "budget_floor": 0},
-     r"--budget-floor 0 lets a global budget remove every channel of a layer; the limit is a floor >= 1"),
+    ({"method": "l1", "budget": "global-aire", "budget_granularity": "channel"},
+     r"--budget-granularity 'channel' unknown; accepted: layer, head"),
     ({"method": "l1", "budget": "global-aire", "budget_floor": 40},
      r"--budget-floor 40: the floors alone need .* the largest floor is 32"),
     ({"method": "l1", "budget": "global-aire", "power_of_two": True}, r"--power-of-two with --budget global-aire"),
@@ -220,3 +223,147 @@ def test_uniform_prune_records_no_budget_fields(tmp_path):
 def test_bad_budget_input_is_one_line(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), ratio=0.5, out=str(tmp_path / "o"), **kwargs))
+
+
+# --allow-layer-removal and --budget-granularity head ----------------------------------------------------------
+
+def _spiked(scores: dict) -> dict:
+    """Layer scores where the first layer has one dominant channel: its layer-normalised scores are ~0 but one."""
+    first = min(scores)
+    s = torch.full_like(scores[first], 1e-9)
+    s.view(-1)[0] = 1.0
+    return {**scores, first: s}
+
+
+def test_a_layer_left_at_zero_is_refused_without_allow_layer_removal():
+    scores = _spiked({0: torch.rand(4, 8, generator=torch.Generator().manual_seed(0)) + 1,
+                      1: torch.rand(4, 8, generator=torch.Generator().manual_seed(1)) + 1})
+    with pytest.raises(InputError, match=r"leaves layer\(s\) 0 with K'=0 .* pass --allow-layer-removal"):
+        layer_budget(scores, 8, 0.5, "global-aire", floor=0)
+    b = layer_budget(scores, 8, 0.5, "global-aire", floor=0, allow_layer_removal=True)
+    assert b.key_dims[0] == 0 and b.removed_layers == [0] and b.kept_total == b.requested_total == 32
+    assert layer_budget(scores, 8, 0.5, "global-aire").key_dims[0] == 1  # the default floor keeps one channel
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_removed_mixer_reloads_and_equals_the_model_with_that_mixer_zeroed(family, tmp_path):
+    model, dense, ids = tiny(family), tiny(family), tokens()
+    adapter = get_adapter(model)
+    heads, channels = adapter.key_heads(model.config)
+    layers = [ref.layer for ref in adapter.mixers(model)]
+    before = adapter.state_bytes_per_sequence(model.config)
+    keep = torch.arange(channels).repeat(heads, 1)
+    reduce_model(model, {layer: KeyChannelSelection(keep=keep) for layer in layers[1:]}, removed_mixers=[layers[0]])
+    assert model.config.model_type.endswith("_kdim") and model.config.removed_mixers == [layers[0]]
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float64).eval()
+    assert [ref.layer for ref in get_adapter(reloaded).mixers(reloaded)] == layers[1:]
+    with masked(dense, [Candidate("mixer", layers[0])]):
+        expected = logits(dense, ids)
+    torch.testing.assert_close(logits(reloaded, ids), expected, atol=ATOL[family], rtol=0)
+    assert not torch.allclose(expected, logits(dense, ids))  # the removed mixer mattered
+    after = family_for(reloaded).state_bytes(reloaded.config)
+    assert after * len(layers) == before * (len(layers) - 1)
+    torch.testing.assert_close(decoded_logits(reloaded, tokens(length=8)), logits(reloaded, tokens(length=8)),
+                               atol=ATOL[family], rtol=0)
+
+
+def _first_layer_emptied(scores, K, ratio, budget, **kw):
+    """The uniform budget with the first layer's channels moved to the second (same total): a budget that empties
+    a layer, for prune's handling of it (which budgets empty a layer: the layer_budget tests above)."""
+    b = layer_budget(scores, K, ratio, "uniform")
+    first, second, *_ = sorted(b.key_dims)
+    assert kw["allow_layer_removal"] and 2 * b.key_dims[first] == K
+    return Budget({**b.key_dims, first: 0, second: K}, b.requested_total, b.requested_total)
+
+
+@pytest.mark.parametrize("family", ["gated_deltanet", "mamba2"])
+def test_prune_allow_layer_removal_removes_the_mixer_a_global_budget_empties(family, tmp_path, monkeypatch):
+    monkeypatch.setattr(prune_module, "layer_budget", _first_layer_emptied)
+    out = tmp_path / "out"
+    record = prune(PruneConfig(model=str(CHECKPOINTS / family), method="l1", ratio=0.5, budget="global-aire",
+                               budget_floor=0, allow_layer_removal=True, out=str(out), n_calib=2, seq_len=64,
+                               batch_size=2))
+    b = record["budget"]
+    assert b["removed_mixers"] == [0] and b["layer_key_dims"]["0"] == 0 and "0" not in record["selection"]
+    assert record["config"]["allow_layer_removal"] is True
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    assert model.config.removed_mixers == [0] and 0 not in [r.layer for r in get_adapter(model).mixers(model)]
+    state = record["state_bytes_per_sequence"]
+    assert state["after"] == family_for(model).state_bytes(model.config) == state["before"] // 2
+
+
+def test_layer_removal_is_refused_where_the_family_has_no_structure_layout(tmp_path, monkeypatch):
+    monkeypatch.setattr(prune_module, "layer_budget", _first_layer_emptied)
+    adapter = family_for("gated_deltanet").adapter
+    monkeypatch.setattr(type(adapter), "structure", None)
+    with pytest.raises(InputError, match=r"--allow-layer-removal: GatedDeltaNet has no StructureLayout, so removing "
+                                         r"the token mixer of layer\(s\) 0 is not defined"):
+        prune(PruneConfig(model=str(CHECKPOINTS / "gated_deltanet"), method="l1", ratio=0.5, budget="global-aire",
+                          budget_floor=0, allow_layer_removal=True, out=str(tmp_path / "o"), n_calib=2, seq_len=64,
+                          batch_size=2))
+
+
+def test_head_granularity_gives_each_head_its_own_k_and_keeps_the_total_exactly():
+    g = torch.Generator().manual_seed(0)
+    scores = {layer: torch.rand(4, 16, generator=g) ** (1 + 3 * layer) for layer in range(3)}
+    b = layer_budget(scores, 16, 0.5, "global-aire", granularity="head")
+    assert b.kept_total == b.requested_total == 3 * 4 * 8
+    assert all(len(d) == 4 and min(d) >= 1 for d in b.head_key_dims.values())
+    assert sum(sum(d) for d in b.head_key_dims.values()) == b.kept_total
+    assert b.key_dims == {layer: max(d) for layer, d in b.head_key_dims.items()}
+    assert b.allocated_total == sum(4 * k for k in b.key_dims.values()) >= b.kept_total
+    assert any(len(set(d)) > 1 for d in b.head_key_dims.values())
+
+
+@pytest.mark.parametrize("family", ["deltanet", "gated_deltanet", "mamba2", "qwen3_5"])
+def test_head_granularity_checkpoint_equals_the_masked_dense_model(family, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    record = prune(PruneConfig(model=str(CHECKPOINTS / family), method="l1", ratio=0.5, budget="global-aire",
+                               budget_granularity="head", out=str(out), n_calib=2, seq_len=64, batch_size=2))
+    b = record["budget"]
+    H, K = record["key_heads"], record["key_dim_before"]
+    assert b["granularity"] == "head" and b["kept_channels"] == b["requested_channels"]
+    assert b["kept_channels"] == sum(sum(d) for d in b["head_key_dims"].values())
+    assert b["allocated_channels"] == H * sum(b["layer_key_dims"].values()) >= b["kept_channels"]
+    state = record["state_bytes_per_sequence"]
+    assert state["exact"] * H * len(b["layer_key_dims"]) * K == state["before"] * b["kept_channels"]
+    assert state["after"] * H * len(b["layer_key_dims"]) * K == state["before"] * b["allocated_channels"]
+
+    reloaded = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float64).eval()
+    ids = torch.randint(0, reloaded.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    got = logits(reloaded, ids)  # before the masked model's kernels are wrapped
+    dense = AutoModelForCausalLM.from_pretrained(str(CHECKPOINTS / family), dtype=torch.float64).eval()
+    adapter = get_adapter(dense)
+    for ref in adapter.mixers(dense):
+        keep_mask = torch.zeros(H, K, dtype=torch.bool)
+        for h, channels in enumerate(record["selection"][str(ref.layer)]["head_keep"]):
+            keep_mask[h, channels] = True
+        assert keep_mask.sum(1).tolist() == b["head_key_dims"][str(ref.layer)]
+        with torch.no_grad():
+            for w in adapter.qk_weights(ref.module):
+                w[~keep_mask] = 0
+            zero_conv_channels(dense, ref.module, keep_mask)
+    if family in DELTA_FAMILIES:
+        def stored_layer_scale(q, k, kwargs):  # the checkpoint's K'^-0.5 at the layer's largest K'_h
+            kept = (q != 0).flatten(0, 1).any(0).sum(-1).max().clamp(min=1).double()
+            kwargs["use_qk_l2norm_in_kernel"] = False
+            return l2norm(q) * (K / kept).sqrt().to(q.dtype), l2norm(k)
+
+        wrap_kernels(monkeypatch, family, stored_layer_scale)
+    torch.testing.assert_close(logits(dense, ids), got, atol=ATOL[family], rtol=0)
+
+
+def test_rft_of_a_checkpoint_with_a_removed_mixer_merges_into_the_same_variant(tmp_path, monkeypatch):
+    from state_reduction.rft import run_rft
+    from tests.rft.conftest import make_small_config
+
+    monkeypatch.setattr(prune_module, "layer_budget", _first_layer_emptied)
+    dense, student = str(CHECKPOINTS / "gated_deltanet"), tmp_path / "pruned"
+    prune(PruneConfig(model=dense, method="l1", ratio=0.5, budget="global-aire", budget_floor=0,
+                      allow_layer_removal=True, out=str(student), n_calib=2, seq_len=64, batch_size=2))
+    run_rft(make_small_config(str(student), dense, tmp_path / "rft", steps=3, rank=4, alpha=24.0, lr=1e-2))
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "rft" / "model")).eval()
+    before = AutoModelForCausalLM.from_pretrained(str(student)).config
+    assert merged.config.removed_mixers == [0] and merged.config.layer_key_dims == before.layer_key_dims
+    assert 0 not in [r.layer for r in get_adapter(merged).mixers(merged)]

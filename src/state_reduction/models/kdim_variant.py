@@ -5,6 +5,8 @@ Mamba-2 `state_size`, Qwen3.5 `linear_key_head_dim`). A model type `<stock>_kdim
 stock config and model) keeps the stock field at the largest K' and records each reducible layer's own K' in
 
 - `layer_key_dims`: {layer index (str, as JSON writes it): K'},
+- `removed_mixers`: layers whose K' is 0 (`prune --allow-layer-removal`): their token mixer is a `ZeroMixer`
+  (models/shed.py, the residual passes through), placed by the family's `StructureLayout`,
 
 then builds the stock model and narrows each listed mixer to its K' through the family's own key-channel surgery
 (`adapter.apply_selection` with the first K' channels: shapes only, `from_pretrained` then loads the weights), so
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from state_reduction.models.shed import remove_mixer
 from state_reduction.pruning.types import KeyChannelSelection
 
 KDIM_SUFFIX = "_kdim"
@@ -36,8 +39,9 @@ def make_kdim_variant(base_config: type, base_model: type, model_type: str, adap
     (`state_reduction.models.families`) derives one per family and passes the family's (stock) adapter."""
 
     class Config(base_config):
-        def __init__(self, layer_key_dims=None, **kwargs):
+        def __init__(self, layer_key_dims=None, removed_mixers=None, **kwargs):
             self.layer_key_dims = {str(k): int(v) for k, v in (layer_key_dims or {}).items()}
+            self.removed_mixers = [int(i) for i in removed_mixers or []]
             super().__init__(**kwargs)
 
     Config.model_type = model_type
@@ -49,6 +53,11 @@ def make_kdim_variant(base_config: type, base_model: type, model_type: str, adap
 
         def __init__(self, config):
             super().__init__(config)
+            removed = getattr(config, "removed_mixers", None)
+            if removed:
+                blocks = adapter.structure.blocks(self)
+                for layer in removed:
+                    remove_mixer(blocks[layer], adapter.structure)
             narrow_mixers(self, config.layer_key_dims, adapter)
 
     Model.__name__ = Model.__qualname__ = f"KDim{base_model.__name__}"

@@ -49,6 +49,13 @@ class ZeroMLP(nn.Module):
         return torch.zeros_like(x)
 
 
+def remove_mixer(block: nn.Module, layout) -> None:
+    """Replace the sequence mixer of a decoder block by a `ZeroMixer`: the block's residual passes through
+    (shed's surgery, the shed and kdim variants' reload, and `prune --allow-layer-removal`)."""
+    name = layout.mixer_name(block)
+    setattr(block, name, ZeroMixer(layout.mixers[name]))
+
+
 def resize_mlp(mlp: nn.Module, layout, keep: torch.Tensor | None = None, size: int | None = None) -> None:
     """Narrow a gated MLP to the channels `keep` (rows of gate/up, columns of down), or to an empty shell of
     `size` channels (reload: the weights come from the checkpoint)."""
@@ -81,7 +88,7 @@ def apply_recorded_structure(model: nn.Module, config, layout) -> None:
     `layout` is the family's structure layout (its adapter's `structure`)."""
     blocks = layout.blocks(model)
     for i in config.shed_removed_mixers or []:
-        setattr(blocks[i], layout.mixer_name(blocks[i]), ZeroMixer(layout.mixers[layout.mixer_name(blocks[i])]))
+        remove_mixer(blocks[i], layout)
     for i in config.shed_removed_mlps or []:
         setattr(blocks[i], layout.mlp, ZeroMLP())
     for i, size in enumerate(config.shed_mlp_sizes or []):

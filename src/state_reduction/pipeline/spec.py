@@ -24,7 +24,7 @@ import yaml
 
 from state_reduction.errors import Error
 from state_reduction.provenance import REPO_ROOT
-from state_reduction.pruning.budgets import BUDGETS, check_scored_selector
+from state_reduction.pruning.budgets import BUDGETS, GRANULARITIES, check_scored_selector
 from state_reduction.rft.config import RFTConfig
 
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
@@ -368,7 +368,12 @@ def _check_budgets(spec: dict, table: str, profile: str, cells: list[Cell]) -> N
     dry run included), not when the cell's prune runs after other cells' compute."""
     from state_reduction.pruning.selectors import SELECTORS
 
-    default = profile_spec(spec, profile)["prune"].get("budget", VARY_DEFAULTS["budget"])
+    prune = profile_spec(spec, profile)["prune"]
+    default = prune.get("budget", VARY_DEFAULTS["budget"])
+    granularity = prune.get("budget_granularity", VARY_DEFAULTS["budget_granularity"])
+    if granularity not in GRANULARITIES:
+        raise PipelineError(f"{table} of experiment {spec['experiment']!r} ({profile}): prune budget_granularity "
+                            f"{granularity!r} unknown; accepted: {', '.join(GRANULARITIES)}")
     for c in cells:
         if c.method in SELECTORS:
             try:
@@ -398,9 +403,10 @@ def table_seeds(spec: dict, table: str, profile: str, override=None) -> list:
 # A table's `vary:` crosses pruning settings with its cells (Tables 2, 7, 16): a mapping of setting -> list of
 # values (crossed), or a list of such mappings (their union). A value list may be a mapping profile -> list.
 VARY_SETTINGS = {"select": "sel", "calib": "cal", "n_calib": "n", "seq_len": "len", "seed": "seed",
-                 "budget": "bud", "budget_floor": "floor"}
+                 "budget": "bud", "budget_floor": "floor", "budget_granularity": "gran",
+                 "allow_layer_removal": "rm"}
 # settings a profile's `prune:` need not name, at the value that is no override (issue 17: layer-adaptive budgets)
-VARY_DEFAULTS = {"budget": "uniform", "budget_floor": 1}
+VARY_DEFAULTS = {"budget": "uniform", "budget_floor": 1, "budget_granularity": "layer", "allow_layer_removal": False}
 
 
 def vary_suffix(vary) -> str:
@@ -430,10 +436,11 @@ def table_variations(spec: dict, table: str, profile: str) -> list[tuple[tuple[s
                     raise PipelineError(f"{table}: vary {k!r} has no values for profile {profile!r}")
                 values = values[profile]
             lists.append(values)
-        bad = [x for x in dict(zip(names, lists)).get("budget", []) if x not in BUDGETS]
-        if bad:
-            raise PipelineError(f"{table} of experiment {spec['experiment']!r}: vary budget {bad[0]!r} unknown; "
-                                f"accepted: {', '.join(BUDGETS)}")
+        for setting, accepted in (("budget", BUDGETS), ("budget_granularity", GRANULARITIES)):
+            bad = [x for x in dict(zip(names, lists)).get(setting, []) if x not in accepted]
+            if bad:
+                raise PipelineError(f"{table} of experiment {spec['experiment']!r}: vary {setting} {bad[0]!r} "
+                                    f"unknown; accepted: {', '.join(accepted)}")
         for combo in itertools.product(*lists):
             v = tuple((k, x) for k, x in zip(names, combo) if x != defaults.get(k))
             if v not in out:

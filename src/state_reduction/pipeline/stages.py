@@ -257,6 +257,8 @@ def run_prune(runner: Runner, name: str, config: dict) -> dict:
         seq_len=config["seq_len"], seed=config["seed"], batch_size=config.get("batch_size", 8),
         stream_layers=config.get("stream_layers", False), device=config.get("device"),
         budget=config.get("budget", "uniform"), budget_floor=config.get("budget_floor", 1),
+        budget_granularity=config.get("budget_granularity", "layer"),
+        allow_layer_removal=config.get("allow_layer_removal", False),
         multiple=config.get("multiple"), overwrite=True, data_dir=runner.data_dir))
     result = prune_result(record, folder, profile=runner.profile, experiment=runner.spec["experiment"], config=config)
     return _with_costs(runner, cell, config, folder, result)

@@ -13,6 +13,10 @@ uniform budget's total sum_l H_l floor(K (1 - ratio)), up to the rounding report
   remove `multiple` channels per head where the next normalised score is largest / smallest) so the total
   state equals the uniform one within one multiple per layer.
 
+A layer left at K' = 0 (only with `floor` 0) is refused unless `allow_layer_removal` (prune then removes that
+layer's token mixer, `Budget.removed_layers`). `granularity="head"` gives each head its own K'_h from the same
+threshold, rounded, floored and repaired per head; the layer stores the largest (`Budget.allocated_total`).
+
 The seeds' two global budgets share the normalisation and differ in the score: AIRE's energy
 ||C||^2 ||B||^2 / (1 - |lambda|^2) and LAST's squared H-infinity norm ||C||^2 ||B||^2 / (1 - |lambda|)^2. Here any
 selector's per-channel scores (pruning.selectors, `Selector.channel_scores`) take the place of the energy for
@@ -31,17 +35,35 @@ import torch
 from state_reduction.errors import InputError
 
 BUDGETS = ("uniform", "global-aire", "global-last")
+GRANULARITIES = ("layer", "head")  # --budget-granularity: one K' per layer (default) or per head
 
 
 @dataclass(frozen=True)
 class Budget:
-    key_dims: dict[int, int]      # layer -> K'
+    key_dims: dict[int, int]      # layer -> K' (head granularity: the layer's largest K'_h, what it stores)
     requested_total: int          # sum_l H_l floor(K (1 - ratio)): the uniform budget's channel count
-    kept_total: int               # sum_l H_l K'_l
+    kept_total: int               # sum_l H_l K'_l (head granularity: sum_l sum_h K'_lh)
+    head_key_dims: dict[int, list[int]] | None = None  # head granularity: layer -> [K'_h]
 
     @property
     def total_error(self) -> int:
         return self.kept_total - self.requested_total
+
+    @property
+    def removed_layers(self) -> list[int]:
+        """Layers whose K' is 0 (only with allow_layer_removal): their token mixer is removed."""
+        return [layer for layer, k in self.key_dims.items() if k == 0]
+
+    @property
+    def allocated_total(self) -> int:
+        """Channels the checkpoint stores: sum_l H_l K'_l at each layer's (largest) K'."""
+        heads = self.head_key_dims or {}
+        return sum(len(heads.get(layer, [])) * k for layer, k in self.key_dims.items()) if heads else self.kept_total
+
+
+def check_granularity(granularity: str) -> None:
+    if granularity not in GRANULARITIES:
+        raise InputError(f"--budget-granularity {granularity!r} unknown; accepted: {', '.join(GRANULARITIES)}")
 
 
 def last_head_factor(rho: torch.Tensor, horizon: int) -> torch.Tensor:
@@ -66,10 +88,12 @@ def layer_normalise(scores: torch.Tensor) -> torch.Tensor:
 
 
 def layer_budget(scores: dict[int, torch.Tensor], K: int, ratio: float, budget: str = "uniform", *, floor: int = 1,
-                 multiple: int = 1, allow_layer_removal: bool = False) -> Budget:
-    """Per-layer K' from per-channel scores {layer: [H, K]} (see the module docstring)."""
+                 multiple: int = 1, allow_layer_removal: bool = False, granularity: str = "layer") -> Budget:
+    """Per-layer K' from per-channel scores {layer: [H, K]} (see the module docstring). With `granularity` "head"
+    each head gets its own K'_h from the same threshold (rounding, floor and repair per head)."""
     if budget not in BUDGETS:
         raise InputError(f"--budget {budget!r} unknown; accepted: {', '.join(BUDGETS)}")
+    check_granularity(granularity)
     if floor > K:
         raise InputError(f"--budget-floor {floor} exceeds the key dimension K={K}; the largest floor is "
                          f"{math.floor(K * (1 - ratio) + 1e-9)} at ratio {ratio}")
@@ -83,10 +107,7 @@ def layer_budget(scores: dict[int, torch.Tensor], K: int, ratio: float, budget: 
     requested = sum(h * uniform_k for h in heads.values())
     if budget == "uniform":
         return Budget({layer: uniform_k for layer in scores}, requested, requested)
-    if floor == 0 and not allow_layer_removal:
-        raise InputError("--budget-floor 0 lets a global budget remove every channel of a layer; the limit is a "
-                         "floor >= 1 (removing a layer's whole state is structure removal: --method shed --target mixer)")
-    min_k = max(floor, 0 if allow_layer_removal else 1)
+    min_k = floor
     if sum(h * min_k for h in heads.values()) > requested:
         limit = requested // sum(heads.values())
         raise InputError(f"--budget-floor {floor}: the floors alone need {sum(h * min_k for h in heads.values())} channels, "
@@ -96,36 +117,51 @@ def layer_budget(scores: dict[int, torch.Tensor], K: int, ratio: float, budget: 
     threshold_index = torch.argsort(pooled, descending=True, stable=True)[:requested]
     mask = torch.zeros_like(pooled, dtype=torch.bool)
     mask[threshold_index] = True
-    key_dims, offset = {}, 0
+    # units: (layer, head) at head granularity, (layer, None) at layer granularity; each has `width` heads
+    counts, offset = {}, 0
     for layer, n in normalised.items():
-        count = int(mask[offset:offset + n.numel()].sum())
+        m = mask[offset:offset + n.numel()].view(n.shape)
         offset += n.numel()
-        k = multiple * round(count / heads[layer] / multiple)
-        key_dims[layer] = min(K, max(min_k, k))
-    # greedy repair of the rounding: move `multiple` channels per head between layers by the next score
-    def next_score(layer: int, grow: bool) -> float:
-        ranked = torch.sort(normalised[layer].flatten(), descending=True).values
-        idx = key_dims[layer] * heads[layer] + (0 if grow else -1)
-        return float(ranked[idx]) if 0 <= idx < ranked.numel() else (-math.inf if grow else math.inf)
+        if granularity == "head":
+            counts.update({(layer, h): int(m[h].sum()) for h in range(heads[layer])})
+        else:
+            counts[(layer, None)] = int(m.sum()) / heads[layer]
+    width = {u: 1 if u[1] is not None else heads[u[0]] for u in counts}
+    ranked = {u: torch.sort((normalised[u[0]][u[1]] if u[1] is not None else normalised[u[0]]).flatten(),
+                            descending=True).values for u in counts}
+    dims = {u: min(K, max(min_k, multiple * round(c / multiple))) for u, c in counts.items()}
 
-    total = lambda: sum(heads[l] * key_dims[l] for l in key_dims)  # noqa: E731
-    for _ in range(len(key_dims) * K):
+    # greedy repair of the rounding: move `multiple` channels per head between units by the next score
+    def next_score(u, grow: bool) -> float:
+        idx = dims[u] * width[u] + (0 if grow else -1)
+        return float(ranked[u][idx]) if 0 <= idx < ranked[u].numel() else (-math.inf if grow else math.inf)
+
+    total = lambda: sum(width[u] * dims[u] for u in dims)  # noqa: E731
+    for _ in range(len(dims) * K):
         gap = total() - requested
-        if abs(gap) < min(heads.values()) * multiple:
+        if abs(gap) < min(width.values()) * multiple:
             break
         if gap < 0:
-            grow = [l for l in key_dims if key_dims[l] + multiple <= K]
+            grow = [u for u in dims if dims[u] + multiple <= K]
             if not grow:
                 break
-            best = max(grow, key=lambda l: next_score(l, True))
-            key_dims[best] += multiple
+            dims[max(grow, key=lambda u: next_score(u, True))] += multiple
         else:
-            shrink = [l for l in key_dims if key_dims[l] - multiple >= min_k]
+            shrink = [u for u in dims if dims[u] - multiple >= min_k]
             if not shrink:
                 break
-            worst = min(shrink, key=lambda l: next_score(l, False))
-            key_dims[worst] -= multiple
-    return Budget(key_dims, requested, total())
+            dims[min(shrink, key=lambda u: next_score(u, False))] -= multiple
+    if granularity == "head":
+        head_dims = {layer: [dims[(layer, h)] for h in range(heads[layer])] for layer in scores}
+        key_dims = {layer: max(d) for layer, d in head_dims.items()}
+    else:
+        head_dims, key_dims = None, {layer: dims[(layer, None)] for layer in scores}
+    empty = [layer for layer, k in key_dims.items() if k == 0]
+    if empty and not allow_layer_removal:
+        raise InputError(f"--budget {budget} with --budget-floor {floor} leaves layer(s) {', '.join(map(str, empty))} "
+                         f"with K'=0 (every key channel removed); pass --allow-layer-removal to remove their token "
+                         f"mixer, or a --budget-floor >= 1")
+    return Budget(key_dims, requested, total(), head_dims)
 
 
 def check_scored_selector(method: str, budget: str) -> None:

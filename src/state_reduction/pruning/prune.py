@@ -22,7 +22,14 @@ from state_reduction.models.families import get_adapter
 from state_reduction.options import length_int, nonnegative_int, positive_int
 from state_reduction.peak_memory import host_peak_rss_bytes, peak_memory_bytes
 from state_reduction.provenance import collect_provenance
-from state_reduction.pruning.budgets import BUDGETS, check_scored_selector, last_head_factor, layer_budget
+from state_reduction.pruning.budgets import (
+    BUDGETS,
+    GRANULARITIES,
+    check_granularity,
+    check_scored_selector,
+    last_head_factor,
+    layer_budget,
+)
 from state_reduction.pruning.calibration import calibrate
 from state_reduction.pruning.selectors import MODES, SelectorInput, get_selector, keep_count
 from state_reduction.pruning.streaming import calibrate_streaming
@@ -54,6 +61,12 @@ class PruneConfig:
                 "paper's; global-*: pooled layer-normalised per-channel scores, the same total state)"})
     budget_floor: int = field(default=1, metadata={
         "help": "global budgets: at least this many channels per head in every layer", "type": nonnegative_int})
+    budget_granularity: str = field(default="layer", metadata={
+        "help": f"global budgets: {' or '.join(GRANULARITIES)} (layer: one K' per layer; head: a K'_h per head, "
+                "stored at the layer's largest with zeroed q/k rows)"})
+    allow_layer_removal: bool = field(default=False, metadata={
+        "help": "global budgets with --budget-floor 0: a layer left with K'=0 loses its token mixer (the residual "
+                "passes through) instead of being refused"})
     power_of_two: bool = field(default=False, metadata={
         "help": "round kept channels down to a power of two (fla pads K to one on GPU)"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing --out"})
@@ -83,6 +96,7 @@ class PruneConfig:
                 raise InputError(f"{option} must be an integer >= {least}, got {value!r}")
         if self.budget not in BUDGETS:
             raise InputError(f"--budget {self.budget!r} unknown; accepted: {', '.join(BUDGETS)}")
+        check_granularity(self.budget_granularity)
         if self.budget != "uniform":
             check_scored_selector(self.method, self.budget)
             if self.power_of_two:
@@ -97,6 +111,9 @@ class PruneConfig:
         out = asdict(self)
         if self.budget == "uniform" and self.budget_floor == 1:
             del out["budget"], out["budget_floor"]
+        for name, default in (("budget_granularity", "layer"), ("allow_layer_removal", False)):
+            if out[name] == default:  # the config keys of runs from before these options
+                del out[name]
         return out
 
 
@@ -119,10 +136,9 @@ def _stopwatch() -> tuple[dict[str, float], Callable[[str], None]]:
 
 
 def layer_key_dims(cfg: PruneConfig, adapter, model, selector, stats: dict, K: int, keep: int):
-    """The `pruning.budgets.Budget` of a global budget from the selector's per-channel scores of every mixer (None
-    for the uniform budget). global-last weighs each head by `budgets.last_head_factor` of its calibrated decay."""
-    if cfg.budget == "uniform":
-        return None
+    """(`pruning.budgets.Budget`, per-channel scores {layer: [H, K]}) of a global budget from the selector's
+    per-channel scores of every mixer. global-last weighs each head by `budgets.last_head_factor` of its calibrated
+    decay (one factor per head: the ranking within a head, which head granularity reads, is unchanged)."""
     scores = {}
     for ref in adapter.mixers(model):
         w_q, w_k = adapter.qk_weights(ref.module)
@@ -133,7 +149,24 @@ def layer_key_dims(cfg: PruneConfig, adapter, model, selector, stats: dict, K: i
             rho = layer_stats.decay_sq.double().cpu() / layer_stats.n_tokens
             s = s * last_head_factor(rho, layer_stats.horizon)[:, None]
         scores[ref.layer] = s
-    return layer_budget(scores, K, cfg.ratio, cfg.budget, floor=cfg.budget_floor, multiple=cfg.multiple or 1)
+    budget = layer_budget(scores, K, cfg.ratio, cfg.budget, floor=cfg.budget_floor, multiple=cfg.multiple or 1,
+                          allow_layer_removal=cfg.allow_layer_removal, granularity=cfg.budget_granularity)
+    return budget, scores
+
+
+def head_keep_masks(budget, selections: dict, scores: dict) -> dict[int, torch.Tensor]:
+    """Head granularity: per layer, [H, K'] masks over the selected channels (in the reduced layer's order) keeping
+    each head's top K'_h of them by the budget's per-channel scores; the rest get zeroed q/k rows."""
+    masks = {}
+    for layer, dims in (budget.head_key_dims or {}).items():
+        keep = selections.get(layer)
+        if keep is None or keep.keep is None:
+            continue
+        s = scores[layer].double().gather(1, keep.keep)  # [H, K'] scores of the kept channels
+        order = torch.argsort(s, dim=1, descending=True, stable=True)
+        ranks = torch.empty_like(order).scatter_(1, order, torch.arange(s.shape[1]).expand_as(order).clone())
+        masks[layer] = ranks < torch.tensor(dims)[:, None]
+    return masks
 
 
 def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = None) -> dict:
@@ -177,16 +210,28 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     lap("calibration")
 
     generator = torch.Generator().manual_seed(cfg.seed)
-    budget = layer_key_dims(cfg, adapter, model, selector, stats, K, keep)
+    budget, scores = layer_key_dims(cfg, adapter, model, selector, stats, K, keep) if cfg.budget != "uniform" \
+        else (None, None)
+    removed = budget.removed_layers if budget is not None else []
+    if removed and adapter.structure is None:  # before the selection's compute
+        raise InputError(f"--allow-layer-removal: {adapter.family} has no StructureLayout, so removing the token "
+                         f"mixer of layer(s) {', '.join(map(str, removed))} is not defined for model_type "
+                         f"{model.config.model_type!r}; use a --budget-floor >= 1")
     selections = {}
     for ref in adapter.mixers(model):
+        if ref.layer in removed:
+            continue
         w_q, w_k = adapter.qk_weights(ref.module)
         k_layer = keep if budget is None else budget.key_dims[ref.layer]
         selections[ref.layer] = selector(SelectorInput(stats.get(ref.layer), w_q.detach(), w_k.detach(), k_layer,
                                                        cfg.select, generator, ref.layer))
         del w_q, w_k  # views of the projection: the last mixer's unreduced weight would live through the surgery
+    head_masks = head_keep_masks(budget, selections, scores) if budget is not None else {}
     lap("selection")
-    reduce_model(model, selections)
+    reduce_model(model, selections, removed_mixers=removed)
+    for ref in adapter.mixers(model):
+        if ref.layer in head_masks:
+            adapter.zero_key_channels(ref.module, head_masks[ref.layer])
     model.to(saved_dtype)  # computed in fp32 on a CPU; saved in the checkpoint's own dtype
     lap("surgery")
     state_after = get_adapter(model).state_bytes_per_sequence(model.config)  # the _kdim variant's after a global budget
@@ -198,6 +243,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
         "state_bytes_per_sequence": {"before": state_before, "after": state_after, "dtype": "bfloat16"},
         "selection": {str(layer): {"keep": sel.keep.tolist()} if sel.keep is not None
                       else {"rotation_shape": list(sel.rotation.shape)} for layer, sel in selections.items()},
+        **({"removed_mixers": removed} if removed else {}),
         "selection_rotations": "selection_rotations.safetensors" if rotations else None,
         "calibration": calibration,
         "device": str(device), "compute_dtype": str(run_dtype), "saved_dtype": str(saved_dtype),
@@ -209,6 +255,18 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
                             "layer_key_dims": {str(layer): k for layer, k in budget.key_dims.items()},
                             "requested_channels": budget.requested_total, "kept_channels": budget.kept_total,
                             "total_error": budget.total_error}
+        if removed:
+            record["budget"]["removed_mixers"] = removed
+        if budget.head_key_dims is not None:  # stored at each layer's largest K'_h: allocated vs exact state
+            record["budget"]["granularity"] = "head"
+            record["budget"]["head_key_dims"] = {str(layer): d for layer, d in budget.head_key_dims.items()}
+            record["budget"]["allocated_channels"] = budget.allocated_total
+            # every family's state is linear in each head's K' (tests/pruning/test_layer_budgets.py)
+            record["state_bytes_per_sequence"]["exact"] = state_before * budget.kept_total // (H * len(budget.key_dims) * K)
+            for layer, m in head_masks.items():
+                record["selection"][str(layer)]["head_keep"] = [
+                    [c for c, kept in zip(row, mrow) if kept] for row, mrow in
+                    zip(selections[layer].keep.tolist(), m.tolist())]
 
     def write_selection(folder: Path) -> None:
         if rotations:
@@ -241,7 +299,10 @@ def prune_result(record: dict, folder, *, profile: str, experiment: str, config:
                  "state_bytes_before": record["state_bytes_per_sequence"]["before"],
                  "state_bytes_after": record["state_bytes_per_sequence"]["after"],
                  **({"kept_channels": record["budget"]["kept_channels"],
-                     "requested_channels": record["budget"]["requested_channels"]} if record.get("budget") else {})},
+                     "requested_channels": record["budget"]["requested_channels"]} if record.get("budget") else {}),
+                 **({"allocated_channels": record["budget"]["allocated_channels"],
+                     "state_bytes_exact": record["state_bytes_per_sequence"]["exact"]}
+                    if "allocated_channels" in (record.get("budget") or {}) else {})},
         model=model, data={calibration["corpus"]: calibration["sha256"]} if calibration else {},
         seeds={"selection": record["config"]["seed"]}, wall_time_s=record["wall_time_s"],
         extra={"selection_file": str(Path(folder) / "selection.json"), "calibration": calibration,

@@ -36,7 +36,7 @@ from state_reduction.devices import resolve_device
 from state_reduction.errors import InputError
 from state_reduction.hashing import config_key
 from state_reduction.models.families import get_adapter, shed_classes
-from state_reduction.models.shed import SHED_SUFFIX, ZeroMixer, ZeroMLP, resize_mlp
+from state_reduction.models.shed import SHED_SUFFIX, ZeroMixer, ZeroMLP, remove_mixer, resize_mlp
 from state_reduction.options import positive_int
 from state_reduction.peak_memory import peak_memory_bytes
 from state_reduction.provenance import collect_provenance
@@ -231,8 +231,7 @@ def remove_structures(model: nn.Module, removed: Iterable[Candidate], group_size
         if c.kind == "mlp":
             setattr(blocks[c.layer], layout.mlp, ZeroMLP())
         elif c.kind == "mixer":
-            name = layout.mixer_name(blocks[c.layer])
-            setattr(blocks[c.layer], name, ZeroMixer(layout.mixers[name]))
+            remove_mixer(blocks[c.layer], layout)
     dropped = sorted({c.layer for c in removed if c.kind == "block"})
     for i in reversed(dropped):
         del blocks[i]

@@ -38,7 +38,8 @@ def shed_variant(adapter: KeyChannelAdapter) -> KeyChannelAdapter:
 def kdim_variant(adapter: KeyChannelAdapter, model_type: str) -> KeyChannelAdapter:
     """The adapter of `<model_type>_kdim` (state_reduction.models.kdim_variant): the family's mixers with a key
     dimension per layer (`config.layer_key_dims`); the stock config field holds the largest. State bytes are the
-    sum over layers of the stock formula at each layer's K' (exact: the stock formula is layers x one layer's)."""
+    sum over layers of the stock formula at each layer's K' (exact: the stock formula is layers x one layer's); a layer
+    at K' = 0 (its mixer removed) holds none."""
     base = type(adapter)
 
     def state_bytes_per_sequence(self, config, dtype=torch.bfloat16) -> int:
@@ -47,6 +48,8 @@ def kdim_variant(adapter: KeyChannelAdapter, model_type: str) -> KeyChannelAdapt
             return base.state_bytes_per_sequence(self, config, dtype)
         total = 0
         for k in dims.values():
+            if int(k) == 0:  # a removed token mixer (config.removed_mixers) holds no state
+                continue
             one = copy.deepcopy(config)
             base.update_config(self, one, int(k))
             total += base.state_bytes_per_sequence(self, one, dtype)

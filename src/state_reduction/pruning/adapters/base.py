@@ -192,6 +192,24 @@ class FusedQKAdapter(KeyChannelAdapter):
         handles.append(proj.register_forward_hook(after_proj))
         return handles
 
+    @torch.no_grad()
+    def zero_key_channels(self, mixer: nn.Module, keep_mask: torch.Tensor) -> None:
+        """Zero the q/k (C/B) projection rows and conv filters (and biases) of the channels `keep_mask` [H, K] drops
+        (`prune --budget-granularity head`): the conv then outputs act(0) = 0 there (silu), as in the masked model."""
+        drop = (~keep_mask).flatten()  # [H*K]
+        proj, conv = getattr(mixer, self.in_proj), getattr(mixer, self.conv)
+        sizes, conv_sizes = self.proj_segments(mixer), self.conv_segments(mixer)
+        for seg in (self.q_segment, self.k_segment):
+            rows = torch.arange(self._offset(sizes, seg).start, self._offset(sizes, seg).stop)[drop]
+            proj.weight[rows] = 0
+            if proj.bias is not None:
+                proj.bias[rows] = 0
+        for seg in (self.q_conv_segment, self.k_conv_segment):
+            rows = torch.arange(self._offset(conv_sizes, seg).start, self._offset(conv_sizes, seg).stop)[drop]
+            conv.weight[rows] = 0
+            if conv.bias is not None:
+                conv.bias[rows] = 0
+
     def apply_selection(self, mixer: nn.Module, selection: KeyChannelSelection) -> None:
         h, k = self.mixer_heads(mixer)
         check_selection(selection, h, k, f"{type(mixer).__name__} layer {mixer.layer_idx}")

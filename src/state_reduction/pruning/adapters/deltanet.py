@@ -108,6 +108,22 @@ class FlaKeyChannelAdapter(KeyChannelAdapter):
         mixer.head_k_dim = selection.kept
         mixer.key_dim = h * selection.kept
 
+    @torch.no_grad()
+    def zero_key_channels(self, mixer: nn.Module, keep_mask: torch.Tensor) -> None:
+        """Zero the q/k projection rows and per-channel conv filters (and bias) of the channels `keep_mask` [H, K]
+        drops, so they reach the kernel as zeros (`prune --budget-granularity head`); a conv whose filters are
+        shared by channels (SharedShortConvolution) gets zero inputs already."""
+        drop = (~keep_mask).flatten()  # [H*K]
+        for w in self.qk_weights(mixer):
+            w.view(drop.numel(), -1)[drop] = 0
+        if mixer.use_short_conv:
+            for name in (self.layout.q_conv, self.layout.k_conv):
+                conv = getattr(mixer, name)
+                if conv.weight.shape[0] == drop.numel():
+                    conv.weight[drop] = 0
+                    if conv.bias is not None:
+                        conv.bias[drop] = 0
+
     def cut_conv(self, conv: nn.Module, selection: KeyChannelSelection, heads: int) -> None:
         """Depthwise q/k conv: keep the selected channels' filters, or mix them with T**2 (Prop. B.1)."""
         bias = cut_rows(conv.bias, selection, heads) if conv.bias is not None else None
