@@ -122,46 +122,25 @@ def test_selection_keeps_the_channel_recent_pairs_need():
     assert picks == {"fast": [1], "none": [0], "plain": [0]}
 
 
-def test_modes_other_than_kq_are_refused_in_one_line():
-    stats = LayerCalibration(qk_l2_normalised=False)
-    w = torch.zeros(1, 2, 3)
-    with pytest.raises(InputError, match="qkscore-decay: mode 'k'"):
-        select("qkscore-decay", stats=stats, w_q=w, w_k=w, keep=1, mode="k", generator=torch.Generator(), layer=0)
-
-
-def test_the_calibration_pass_fills_it_per_window_on_a_decaying_family():
-    """Gated DeltaNet through `calibrate`: the statistic is filled from the decay hooks (spied: a [B, T, H_v] in
-    (0, 1)), is symmetric PSD, and adds over windows (batch size 1 and 3 agree up to the float32 decay and
-    kernel: 1e-8 seen in layer 1)."""
-    import state_reduction  # noqa: F401
-    from state_reduction.backend import install_cpu_backend
-    from state_reduction.models import build_model
-    from state_reduction.models.families import get_adapter
-    from state_reduction.pruning.calibration import calibrate
-
-    install_cpu_backend()
-    cfg = {"hidden_size": 32, "num_hidden_layers": 2, "num_heads": 2, "head_dim": 16, "vocab_size": 61,
-           "fuse_cross_entropy": False}
-    model = build_model("gated_deltanet", cfg, seed=0, dtype=torch.float64)
-    adapter = get_adapter(model)
-    windows = torch.randint(0, 61, (3, 9), generator=torch.Generator().manual_seed(0))
-    import state_reduction.pruning.calibration as calibration
-
-    seen, real = [], calibration.accumulate_decay_gram
-
-    def spy(stats, q, k, decay):
-        seen.append(decay)
-        real(stats, q, k, decay)
-
-    calibration.accumulate_decay_gram = spy
-    try:
-        one = calibrate(model, adapter, windows, batch_size=1, needs={"decay_grams"})
-    finally:
-        calibration.accumulate_decay_gram = real
-    assert len(seen) == 3 * 2 and all(d is not None and d.shape == (1, 9, 2) for d in seen)
-    assert all(0 < float(d.min()) and float(d.max()) < 1 for d in seen)
-    three = calibrate(model, adapter, windows, batch_size=3, needs={"decay_grams"})
-    for layer, s in one.items():
-        M = s.decay_score_gram
-        assert M is not None and torch.allclose(M, three[layer].decay_score_gram, rtol=1e-6, atol=1e-7)
-        assert torch.allclose(M, M.transpose(1, 2)) and torch.linalg.eigvalsh(M).min() > -1e-9
+@pytest.mark.parametrize("mode", ["kq", "k", "q"])
+def test_selection_is_the_greedy_on_the_decay_weighted_J(mode):
+    """Every mode keeps the query-key M; a(S) comes from (G_q, G_k), (G_k, G_k) or (G_q, G_q). The selection
+    equals a plain greedy elimination written with `_score_error` (the dense-checked J above)."""
+    q, k, a = data()
+    seen = [torch.nn.functional.normalize(x, dim=-1) for x in (q, k)]
+    stats = LayerCalibration(qk_l2_normalised=True)
+    accumulate_decay_gram(stats, seen[0], seen[1], a)
+    _accumulate_qk(stats, q, k, {"gram", "normalised_moments"})
+    w = torch.zeros(Hk, K, 3)
+    got = select("qkscore-decay", stats=stats, w_q=w, w_k=w, keep=2, mode=mode, generator=None, layer=0).keep
+    G = {"q": stats.sum_qq, "k": stats.sum_kk}
+    left, right = {"kq": "qk", "k": "kk", "q": "qq"}[mode]
+    for h in range(Hk):
+        kept = torch.ones(K, dtype=torch.float64)
+        while int(kept.sum()) > 2:
+            cands = [j for j in range(K) if kept[j]]
+            rows = kept.repeat(len(cands), 1)
+            rows[range(len(cands)), cands] = 0
+            J = _score_error(stats.decay_score_gram[h], G[left][h].diagonal(), G[right][h].diagonal(), rows, True)
+            kept[cands[int(torch.argmin(J))]] = 0
+        assert got[h].tolist() == torch.nonzero(kept).flatten().tolist()

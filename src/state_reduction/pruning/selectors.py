@@ -567,15 +567,15 @@ def select_qkscore_decay(x: SelectorInput, *, swaps: int = 0) -> KeyChannelSelec
     Left out: the delta rule's erasure (I - beta_r k_r k_r^T) between s and t, which makes the weight depend on
     the keys (and on the kept set) and is not a scalar; and the write gain (beta_s or dt_s), which scales every
     pair of key s (it would enter as g_s^2 k_s k_s^T in P). The renormalisation a(S) is that of `qkscore`, from
-    the plain Grams. Modes k and q are not served (the pair weight is a query-key one)."""
+    the plain Grams. Modes k and q keep this M (the decay weight belongs to a query-key pair; a key-key or
+    query-query P would be a second statistic) and take a(S) from G_k (resp. G_q) alone, as `qkscore` does."""
     H, K = x.shape
-    if x.mode != "kq":
-        raise InputError(f"qkscore-decay: mode {x.mode!r} is not served (only kq: its M pairs queries with keys)")
     normalised = bool(x.stats.qk_l2_normalised) if x.stats is not None else False
     field = "sum_{s}{s}" if normalised else "gram_{s}"
     hint = "q/k Grams (gram_* or sum_qq/sum_kk): run calibration with the gram and normalised_moments statistics"
     G = {s: _stat(x.stats, field.format(s=s), "qkscore-decay", x.layer, (H, K, K), hint) for s in "qk"}
     M = _stat(x.stats, "decay_score_gram", "qkscore-decay", x.layer, (H, K, K),
               "decay_score_gram: run calibration with the decay_grams statistic")
-    kept = [qkscore_keep(G["q"][h], G["k"][h], x.keep, normalised, swaps, M=M[h]) for h in range(H)]
+    left, right = {"kq": ("q", "k"), "k": ("k", "k"), "q": ("q", "q")}[x.mode]
+    kept = [qkscore_keep(G[left][h], G[right][h], x.keep, normalised, swaps, M=M[h]) for h in range(H)]
     return KeyChannelSelection(keep=torch.stack(kept).to(torch.int64))
