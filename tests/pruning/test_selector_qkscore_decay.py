@@ -7,7 +7,6 @@ import itertools
 import pytest
 import torch
 
-from state_reduction.errors import InputError
 from state_reduction.pruning.calibration import _accumulate_qk, accumulate_decay_gram
 from state_reduction.pruning.selectors import _score_error, select
 from state_reduction.pruning.types import LayerCalibration
