@@ -26,6 +26,7 @@ FIELDS = {
     "dynamics": {"decay_sq", "gain_sq"},
     "window_norms": {"window_norm_qk", "window_norm_q", "window_norm_k"},
     "state_gramians": {"gramian_ctrl", "gramian_obs"},
+    "decay_grams": {"decay_score_gram"},
     "gradients": {"saliency_q", "saliency_k"},
     "taylor": {"taylor_q", "taylor_k", "fisher_qq", "fisher_kk", "fisher_qk"},
 }

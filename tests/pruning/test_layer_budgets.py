@@ -169,8 +169,8 @@ def _stats_with_gram(M):
 
 
 def test_every_selector_but_rotations_random_draws_and_set_searches_has_channel_scores():
-    # qkscore chooses a kept set by greedy elimination on a joint error, not by ranking per-channel scores
-    assert {n for n, s in SELECTORS.items() if s.scores is None} == {"rand", "pca", "pca-adv", "qkscore"}
+    # qkscore and qkscore-decay choose a kept set by greedy elimination on a joint error, not by ranking scores
+    assert {n for n, s in SELECTORS.items() if s.scores is None} == {"rand", "pca", "pca-adv", "qkscore", "qkscore-decay"}
 
 
 def test_last_head_factor_is_squared_hinf_over_energy():

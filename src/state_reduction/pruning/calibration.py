@@ -27,11 +27,13 @@ STATISTICS = {
     "window_norms": "window_norm_qk/_q/_k: per-window column norms of the q/k the kernel sees (forward hooks)",
     "state_gramians": "gramian_ctrl, gramian_obs: diagonal time-varying Gramians of the state channels (forward "
                       "hooks on q/k and on the decay/gain; needs a per-head scalar decay)",
+    "decay_grams": "decay_score_gram: sum_t (q_t q_t^T) o P_t, P_t = a_t^2 P_{t-1} + k_t k_t^T, of the q/k the kernel "
+                   "sees (forward hooks on q/k and on the decay; a = 1 without one)",
     "gradients": "saliency_q, saliency_k: |W * sum of dL/dW| of the q/k rows (a backward pass)",
     "taylor": "taylor_q/_k, fisher_qq/_kk/_qk: per-batch W . dL/dW of the q/k rows (a backward pass)",
 }
 GRADIENT_NEEDS = frozenset({"gradients", "taylor"})
-QK_NEEDS = frozenset({"gram", "normalised_moments", "window_norms", "state_gramians"})
+QK_NEEDS = frozenset({"gram", "normalised_moments", "window_norms", "state_gramians", "decay_grams"})
 # what `calibrate` computed for every caller before selectors declared their needs (memory plan, analysis, bench)
 FORWARD_DEFAULT = frozenset({"gram", "normalised_moments", "input_norms", "dynamics"})
 
@@ -115,6 +117,33 @@ def accumulate_gramians(stats: LayerCalibration, q: torch.Tensor, k: torch.Tenso
     _add_to(stats, {"gramian_ctrl": ctrl.sum(0).cpu(), "gramian_obs": obs.sum(0).cpu()})
 
 
+def accumulate_decay_gram(stats: LayerCalibration, q: torch.Tensor, k: torch.Tensor,
+                          decay: torch.Tensor | None) -> None:
+    """The decay-weighted score Gram of one batch (qkscore-decay, issue 19).
+
+    q, k [B, T, H_k, K] as the kernel sees them; decay a [B, T, H_v] (None: a = 1, no forgetting); value head v
+    reads key head v // (H_v / H_k). Per value head, forward in t,
+
+        P_t = a_t^2 P_{t-1} + k_t k_t^T    (P_0 = 0),      M += (q_t q_t^T) o P_t,
+
+    so M = sum_{s <= t} w_ts (q_t q_t^T) o (k_s k_s^T) with w_ts = prod_{s < r <= t} a_r^2; the value heads of
+    one key head add into its [K, K] block of `decay_score_gram` [H_k, K, K]. Cost: O(B T H_v K^2) flops and a
+    [B, H_v, K, K] float64 running P per batch; the sum kept is [H_k, K, K], as a Gram."""
+    B, T, Hk, K = k.shape
+    q, k = q.detach().double(), k.detach().double()
+    Hv = decay.shape[-1] if decay is not None else Hk
+    rep = Hv // Hk
+    q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)  # [B, T, H_v, K]
+    a2 = decay.detach().double().pow(2)[..., None, None] if decay is not None else None  # [B, T, H_v, 1, 1]
+    P = torch.zeros(B, Hv, K, K, dtype=torch.float64, device=k.device)
+    M = torch.zeros(Hv, K, K, dtype=torch.float64, device=k.device)
+    for t in range(T):
+        kk = k[:, t, :, :, None] * k[:, t, :, None, :]
+        P = kk + (a2[:, t] * P if a2 is not None else P)
+        M += torch.einsum("bhk,bhl,bhkl->hkl", q[:, t], q[:, t], P)
+    _add_to(stats, {"decay_score_gram": M.reshape(Hk, rep, K, K).sum(1).cpu()})
+
+
 def missing_decay(adapter: KeyChannelAdapter) -> str | None:
     """What a family lacks for the state Gramians (None: nothing): a per-head scalar decay from the adapter."""
     spec = adapter.dynamics
@@ -131,6 +160,8 @@ def statistic_hooks(adapter: KeyChannelAdapter, ref, stats: LayerCalibration, ne
     stats.qk_l2_normalised = bool(adapter.qk_l2_normalised(ref.module))
     handles = []
     gramians = "state_gramians" in needs
+    decay_grams = "decay_grams" in needs
+    series = gramians or decay_grams
     pending = {}
     if gramians:
         missing = missing_decay(adapter)
@@ -141,7 +172,7 @@ def statistic_hooks(adapter: KeyChannelAdapter, ref, stats: LayerCalibration, ne
         if not active():
             return
         _accumulate_qk(stats, q, k, needs)
-        if gramians:
+        if series:
             pending.update(q=_kernel_view(stats, q.detach().double()), k=_kernel_view(stats, k.detach().double()))
 
     def on_input(x):
@@ -151,7 +182,7 @@ def statistic_hooks(adapter: KeyChannelAdapter, ref, stats: LayerCalibration, ne
     if needs & QK_NEEDS or "input_norms" in needs:
         handles += adapter.add_hooks(ref.module, on_qk=on_qk if needs & QK_NEEDS else None,
                                      on_input=on_input if "input_norms" in needs else None)
-    if adapter.dynamics is not None and ("dynamics" in needs or gramians):
+    if adapter.dynamics is not None and ("dynamics" in needs or series):
         key_heads = adapter.qk_weights(ref.module)[0].shape[0]
 
         def on_dynamics(name, value):
@@ -163,11 +194,14 @@ def statistic_hooks(adapter: KeyChannelAdapter, ref, stats: LayerCalibration, ne
                 pending[name] = value
 
         handles += add_dynamics_hooks(adapter.dynamics, ref.module, key_heads,
-                                      on_dynamics if "dynamics" in needs else None, on_series if gramians else None)
-    if gramians:
+                                      on_dynamics if "dynamics" in needs else None, on_series if series else None)
+    if series:
         def flush(module, args, out):
             if active() and "q" in pending:
-                accumulate_gramians(stats, pending["q"], pending["k"], pending["decay"], pending.get("gain"))
+                if gramians:
+                    accumulate_gramians(stats, pending["q"], pending["k"], pending["decay"], pending.get("gain"))
+                if decay_grams:
+                    accumulate_decay_gram(stats, pending["q"], pending["k"], pending.get("decay"))
             pending.clear()
 
         handles.append(ref.module.register_forward_hook(flush))
@@ -256,7 +290,7 @@ def gradient_statistics(stats: dict[int, LayerCalibration], grads: QKGradients, 
 
 FINITE_FIELDS = ("gram_q", "gram_k", "sum_q", "sum_k", "sum_qq", "sum_kk", "saliency_q", "saliency_k", "decay_sq",
                  "gain_sq", "window_norm_qk", "window_norm_q", "window_norm_k", "gramian_ctrl", "gramian_obs",
-                 "taylor_q", "taylor_k", "fisher_qq", "fisher_kk", "fisher_qk")
+                 "decay_score_gram", "taylor_q", "taylor_k", "fisher_qq", "fisher_kk", "fisher_qk")
 
 
 def check_finite(stats: dict[int, LayerCalibration]) -> None:

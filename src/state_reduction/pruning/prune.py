@@ -43,7 +43,7 @@ class PruneConfig:
 
     model: str = field(metadata={"help": "checkpoint directory (or hub id on the paper profile)"})
     method: str = field(metadata={"help": "key channels: rand, l1, wanda, grad, drrqr, pca, pca-adv, energy, think, "
-                                          "ghost, taylor, qkscore; "
+                                          "ghost, taylor, qkscore, qkscore-decay; "
                                           "structures: shed (Mamba-Shedder)"})
     ratio: float = field(metadata={"help": "fraction of key channels removed, in [0, 1) (key-channel methods)"})
     out: str = field(metadata={"help": "folder of the reduced checkpoint"})

@@ -474,11 +474,13 @@ def _score_error(M: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, kept: torc
     return a * a * quad - 2 * a * lin + M.sum()
 
 
-def qkscore_keep(Gq: torch.Tensor, Gk: torch.Tensor, keep: int, normalised: bool, swaps: int = 0) -> torch.Tensor:
+def qkscore_keep(Gq: torch.Tensor, Gk: torch.Tensor, keep: int, normalised: bool, swaps: int = 0,
+                 M: torch.Tensor | None = None) -> torch.Tensor:
     """One head: the kept channels (sorted) of greedy backward elimination on J, then up to `swaps` passes of
-    best-improving single swaps (one kept channel out, one removed channel in); ties to the lower index."""
+    best-improving single swaps (one kept channel out, one removed channel in); ties to the lower index.
+    M: the pair-weighted Gram product (None: G_q o G_k); Gq, Gk give the renormalisation a(S)."""
     K = Gq.shape[0]
-    M = Gq * Gk
+    M = Gq * Gk if M is None else M
     dq, dk = torch.diagonal(Gq), torch.diagonal(Gk)
     kept = torch.ones(K, dtype=torch.float64)
     rows, diag, total = M.sum(1), torch.diagonal(M), M.sum()
@@ -538,4 +540,42 @@ def select_qkscore(x: SelectorInput, *, swaps: int = 0) -> KeyChannelSelection:
     G = {s: _stat(x.stats, field.format(s=s), "qkscore", x.layer, (H, K, K), hint) for s in "qk"}
     left, right = {"kq": ("q", "k"), "k": ("k", "k"), "q": ("q", "q")}[x.mode]
     kept = [qkscore_keep(G[left][h], G[right][h], x.keep, normalised, swaps) for h in range(H)]
+    return KeyChannelSelection(keep=torch.stack(kept).to(torch.int64))
+
+
+@register_selector("qkscore-decay", needs={"gram", "normalised_moments", "decay_grams"})
+def select_qkscore_decay(x: SelectorInput, *, swaps: int = 0) -> KeyChannelSelection:
+    """Ours (issue 19): `qkscore` with every (query t, key s) pair weighted by how much of key s the state still
+    holds at t.
+
+    A decaying state reads o_t = sum_{s <= t} w_ts (erasure terms) v_s (k_s . q_t) with w_ts = prod_{s < r <= t}
+    a_r (a_r the head's per-token decay: Gated DeltaNet / Qwen3.5 exp(g_r), Mamba-2 exp(dt_r A); DeltaNet a = 1).
+    The score error that reaches the read-out is then the w-weighted one,
+
+        J_a(S) = sum_{s <= t} w_ts^2 (a q_S,t . k_S,s - q_t . k_s)^2 = a^2 1_S^T M 1_S - 2 a 1_S^T M 1 + 1^T M 1,
+
+        M = sum_{s <= t} w_ts^2 (q_t q_t^T) o (k_s k_s^T) = sum_t (q_t q_t^T) o P_t,  P_t = a_t^2 P_{t-1} + k_t k_t^T,
+
+    expanded as in `select_qkscore` (the pair's squared error is a quadratic form in 1_S with the Schur product
+    of the pair's outer products; M is PSD as a sum of Schur products of PSD matrices). P_t runs forward in the
+    calibration pass (`calibration.accumulate_decay_gram`, statistic decay_grams, value heads summed into their
+    key head), so M costs one K x K running state per value head and no second pass. With a = 1 it is the causal
+    all-pairs M (pairs s <= t only; `qkscore` sums every pair of the whole calibration set, across windows).
+    J_a bounds the read-out error of every value channel c (e_ts the score error, erasure left out): by
+    Cauchy-Schwarz |sum_s w_ts e_ts v_sc|^2 <= (sum_s w_ts^2 e_ts^2) (sum_{s <= t} v_sc^2), so the summed
+    squared read-out error is at most J_a max_t sum_{s <= t} v_sc^2.
+    Left out: the delta rule's erasure (I - beta_r k_r k_r^T) between s and t, which makes the weight depend on
+    the keys (and on the kept set) and is not a scalar; and the write gain (beta_s or dt_s), which scales every
+    pair of key s (it would enter as g_s^2 k_s k_s^T in P). The renormalisation a(S) is that of `qkscore`, from
+    the plain Grams. Modes k and q keep this M (the decay weight belongs to a query-key pair; a key-key or
+    query-query P would be a second statistic) and take a(S) from G_k (resp. G_q) alone, as `qkscore` does."""
+    H, K = x.shape
+    normalised = bool(x.stats.qk_l2_normalised) if x.stats is not None else False
+    field = "sum_{s}{s}" if normalised else "gram_{s}"
+    hint = "q/k Grams (gram_* or sum_qq/sum_kk): run calibration with the gram and normalised_moments statistics"
+    G = {s: _stat(x.stats, field.format(s=s), "qkscore-decay", x.layer, (H, K, K), hint) for s in "qk"}
+    M = _stat(x.stats, "decay_score_gram", "qkscore-decay", x.layer, (H, K, K),
+              "decay_score_gram: run calibration with the decay_grams statistic")
+    left, right = {"kq": ("q", "k"), "k": ("k", "k"), "q": ("q", "q")}[x.mode]
+    kept = [qkscore_keep(G[left][h], G[right][h], x.keep, normalised, swaps, M=M[h]) for h in range(H)]
     return KeyChannelSelection(keep=torch.stack(kept).to(torch.int64))

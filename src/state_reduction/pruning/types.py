@@ -57,6 +57,9 @@ class LayerCalibration:
     # value head's state channels, [H_v, K] float64 (calibration.accumulate_gramians)
     gramian_ctrl: torch.Tensor | None = None
     gramian_obs: torch.Tensor | None = None
+    # qkscore-decay: sum_t (q_t q_t^T) o P_t with P_t = a_t^2 P_{t-1} + k_t k_t^T (a the value head's decay, 1
+    # without one), value heads summed into their key head; [H, K, K] float64 (calibration.accumulate_decay_gram)
+    decay_score_gram: torch.Tensor | None = None
     # taylor: u_b[j] = sum_i W[j, i] dL_b/dW[j, i] per gradient batch b; taylor_* = sum_b u_b (first order),
     # fisher_* = sum_b c_b u_b u_b' with c_b = N / B_b (the batch-level empirical Fisher); [H, K] float64 each
     taylor_q: torch.Tensor | None = None
