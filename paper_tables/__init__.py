@@ -13,7 +13,7 @@ from pathlib import Path
 
 from paper_tables import spec as table_spec
 from paper_tables.metrics import TableSpecError, closest
-from state_reduction.pipeline import load_experiment, run_table
+from state_reduction.pipeline import load_experiment, profile_tables, run_table
 
 # layouts as data: a `render: {layout: ...}` names one of these modules' LAYOUTS
 LAYOUT_MODULES = ["paper_tables.lm_tables", "paper_tables.long_context_tables", "paper_tables.shared_conv_tables"]
@@ -112,7 +112,10 @@ def run_missing(table: str, profile: str = "tiny", experiment: str | None = None
         from state_reduction.analysis.experiment import run_analyses
 
         return run_analyses(table, profile, experiment, results_root=results_root)
-    tables = list(spec["tables"]) if spec["experiment"] in WHOLE_EXPERIMENT else [table]
+    if spec["experiment"] in WHOLE_EXPERIMENT:
+        tables = profile_tables(spec, profile)
+    else:  # the table, then the companion tables its columns read (e.g. Table 4's MQAR columns: recall_table4)
+        tables = [table] + table_spec.companions(spec, table, profile)
     return [p for t in tables for p in run_table(experiment, t, profile, results_root=results_root,
                                                    seeds=seeds if t == table else None, workers=workers)]
 
