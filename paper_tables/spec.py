@@ -96,6 +96,11 @@ def companions(spec: dict, table: str, profile: str) -> list[str]:
     return list(dict.fromkeys(c["table"] for c in columns if isinstance(c, dict) and c.get("table") is not None))
 
 
+def readers(spec: dict, table: str) -> list[str]:
+    """The tables of the experiment whose columns, on some profile, read `table`'s cells (companions)."""
+    return [t for t in spec.get("tables") or {} for p in spec["profiles"] if table in companions(spec, t, p)]
+
+
 def _column(entry, where: str, spec: dict, table: str, profile: str) -> Metric:
     if isinstance(entry, str):
         return metric(entry, where)
