@@ -361,10 +361,10 @@ def table_cells(spec: dict, table: str, profile: str, seeds=None) -> tuple[list[
     if table not in tables:
         raise PipelineError(f"experiment {spec['experiment']!r} does not feed {table!r}; tables: {', '.join(tables)}")
     t = tables[table]
+    models = profile_spec(spec, profile)["models"]
     if profile not in table_profiles(spec, table):
         raise PipelineError(f"{table} of experiment {spec['experiment']!r} is defined on profiles "
                             f"{', '.join(table_profiles(spec, table))} only, not {profile!r}")
-    models = profile_spec(spec, profile)["models"]
     keys = []
     for paper_name in t["models"]:
         key = next((k for k, m in models.items() if paper_name in m["stands_for"]), None)
