@@ -13,7 +13,7 @@ from pathlib import Path
 
 from paper_tables import spec as table_spec
 from paper_tables.metrics import TableSpecError, closest
-from state_reduction.pipeline import load_experiment, run_table
+from state_reduction.pipeline import load_experiment, profile_tables, run_table
 
 # layouts as data: a `render: {layout: ...}` names one of these modules' LAYOUTS
 LAYOUT_MODULES = ["paper_tables.lm_tables", "paper_tables.long_context_tables", "paper_tables.shared_conv_tables"]
@@ -81,6 +81,10 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
             raise TableSpecError(f"{table}: --seeds applies to the language-modelling tables only")
         return module.render(table, profile, experiment, results_root, out_root=out_root, figures_root=figures_root,
                              quiet=quiet, **extra)
+    read_by = list(dict.fromkeys(table_spec.readers(spec, table)))
+    if read_by:
+        raise TableSpecError(f"{table_spec.config_path(experiment)}: tables.{table} is a companion table, shown as "
+                             f"columns of {', '.join(read_by)}; render {read_by[0]}")
     name = RENDERERS.get(spec["experiment"])
     if name is None:
         raise TableSpecError(f"{table_spec.config_path(experiment)}: tables.{table} has no `render:` mapping and "
@@ -112,7 +116,10 @@ def run_missing(table: str, profile: str = "tiny", experiment: str | None = None
         from state_reduction.analysis.experiment import run_analyses
 
         return run_analyses(table, profile, experiment, results_root=results_root)
-    tables = list(spec["tables"]) if spec["experiment"] in WHOLE_EXPERIMENT else [table]
+    if spec["experiment"] in WHOLE_EXPERIMENT:
+        tables = profile_tables(spec, profile)
+    else:  # the table, then the companion tables its columns read (e.g. Table 4's MQAR columns: recall_table4)
+        tables = [table] + table_spec.companions(spec, table, profile)
     return [p for t in tables for p in run_table(experiment, t, profile, results_root=results_root,
                                                    seeds=seeds if t == table else None, workers=workers)]
 

@@ -23,7 +23,7 @@ from paper_tables import spec as table_spec
 from paper_tables import writers
 from paper_tables.collect import in_cells, results_frame, runs, where_config
 from paper_tables.figures import save_figure
-from paper_tables.metrics import METRICS, Metric
+from paper_tables.metrics import METRICS, Metric, TableSpecError
 from paper_tables.writers import fmt as _fmt
 from state_reduction.pipeline import (
     CONTROL,
@@ -63,6 +63,7 @@ class Table:
     def __init__(self, experiment: str | None, table: str, profile: str, results_root=None, seeds=None):
         experiment = table_spec.owner(table, experiment)
         self.experiment, self.table, self.profile, self.seeds = experiment, table, profile, seeds
+        self.results_root, self._companions = results_root, {}
         self.spec = load_experiment(experiment)
         self.models, self.cells, self.rft_states = table_cells(self.spec, table, profile, seeds)
         self.methods = table_methods(self.spec, table)  # in the config's order, which is the paper's row order
@@ -90,8 +91,25 @@ class Table:
                     if c.model == m and c.vary not in self.values.get((c.model, c.method, c.ratio, rft), {}):
                         self.missing.append(f"{c.name}-eval-{'post' if rft else 'pre'}")
 
+    def companion(self, table: str) -> Table:
+        """The companion table whose cells a column reads (Metric.table), built once with its own seeds; its holes
+        join this table's. Its models stand in row for row for this table's, so it lists as many."""
+        if table not in self._companions:
+            other = Table(self.experiment, table, self.profile, self.results_root)
+            if len(other.models) != len(self.models):
+                raise TableSpecError(f"{table_spec.config_path(self.experiment)}: tables.{table} stands in row for "
+                                     f"row for tables.{self.table}'s models, so it needs {len(self.models)} models "
+                                     f"({', '.join(self.models)}), got {len(other.models)} ({', '.join(other.models)})")
+            self._companions[table] = other
+            self.missing += other.missing
+        return self._companions[table]
+
     def samples(self, model, method, ratio, rft, metric) -> list[float]:
-        """The metric of every replicate of the cell (scaled), in replicate order; finite values only."""
+        """The metric of every replicate of the cell (scaled), in replicate order; finite values only. A column read
+        from a companion table (Metric.table) takes the same cell of the companion's model in this model's place."""
+        if metric.table is not None:
+            other = self.companion(metric.table)
+            return other.samples(other.models[self.models.index(model)], method, ratio, rft, metric.of_table(None))
         ratio = 0.0 if method in ("baseline", CONTROL) else ratio
         key, scale = metric.id, metric.scale
         runs = self.values.get((model, method, ratio, rft), {})
@@ -459,10 +477,10 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
              if all(not isinstance(r[j], str) and r[j][0] is None for r in rows)]
     md = to_markdown(header, rows)
     tex = to_latex(t, header, rows)
-    caption = ci_caption(t)
-    if caption:
-        md += "\n" + caption + "\n"
-        tex += "% " + caption + "\n"
+    for caption in (ci_caption(t), companion_caption(t, layout["columns"])):
+        if caption:
+            md += "\n" + caption + "\n"
+            tex += "% " + caption + "\n"
     written = write_outputs(table, profile, out_root, tex, md, comparison(t))
     written["figures"] = PLOTS.get(layout["layout"], plot)(t, (figures_root or ROOT / "figures") / profile / table)
     notes = [f"no result has these columns (rendered as --): {', '.join(map(_plain, empty))}"] if empty else []
@@ -485,6 +503,21 @@ def ci_caption(t: Table) -> str:
             f"draws the calibration sequences and drives the RFT run (data order, LoRA initialisation). The dense "
             f"baseline is one deterministic evaluation."
             + (" Dense+RFT: the dense model fine-tuned with the same RFT recipe and budget." if t.control else ""))
+
+
+def companion_caption(t: Table, metrics: list[Metric]) -> str:
+    """Where the columns read from companion tables come from ("" when none does: other outputs unchanged)."""
+    lines = []
+    for table in dict.fromkeys(m.table for m in metrics if m.table is not None):
+        other = t.companion(table)
+        labels = ", ".join(_plain(m.label) for m in metrics if m.table == table)
+        stand_ins = ", ".join(f"{o} for {m}" for m, o in zip(t.models, other.models))
+        reps = other.replicates()
+        spread = (f"mean ± half-width of the 95% t-interval over {reps[0] if len(reps) == 1 else f'{reps[0]}-{reps[-1]}'}"
+                  f" replicates per reduced cell (a replicate is one seed: calibration draw and RFT run); the dense "
+                  f"baseline is one deterministic evaluation" if reps and max(reps) > 1 else "one replicate per cell")
+        lines.append(f"{labels}: table {table} ({other.suite} suite; models {stand_ins}), {spread}.")
+    return " ".join(lines)
 
 
 def write_outputs(table: str, profile: str, out_root: Path | None, tex: str, md: str, vs_paper: str) -> dict:

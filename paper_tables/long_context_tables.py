@@ -25,6 +25,7 @@ from paper_tables.lm_tables import (
     _column_marks,
     _fmt,
     _plain,
+    companion_caption,
     reference_rows,
     report,
     to_latex,
@@ -35,8 +36,9 @@ from paper_tables.metrics import Metric
 from state_reduction.pipeline import load_experiment
 
 def _cells(t: Table, model, method, ratio, metrics) -> list:
-    return [(t.get(model, method, ratio, True, m), "" if method == "baseline" else
-             _column_marks(t, model, ratio, True, m)[method]) for m in metrics]
+    """(mean, mark, CI half-width) per column; the half-width is None for a single replicate."""
+    return [t.cell(model, method, ratio, True, m, "" if method == "baseline" else
+                   _column_marks(t, model, ratio, True, m)[method]) for m in metrics]
 
 
 def layout_table11(t: Table, metrics: list[Metric]):
@@ -67,8 +69,9 @@ LAYOUTS = {"table4": layout_table4, "table11": layout_table11}
 
 def comparison(t: Table, metrics) -> str:
     """Our value beside the paper's for every published row whose model our profile stands in for."""
-    heads = [_plain(m.label).split(" ↑")[0] for m in metrics]
     paper_heads = {c.id: _plain(c.label).split(" ↑")[0] for c in LONG_CONTEXT}
+    metrics = [m for m in metrics if (m.paper_key or m.id) in paper_heads]  # MQAR columns have no paper column
+    heads = [_plain(m.label).split(" ↑")[0] for m in metrics]
     lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
              "Paper values are the published ones (paper_tables/reference_data), in percent."]
     if t.profile == "tiny":
@@ -124,9 +127,9 @@ def plot(t: Table, metrics, stem: Path) -> list[Path]:
             ax.set_xlabel("key channels removed (%)")
         ax.legend(fontsize=7)
         ax.set_ylim(0, 100)  # percent: a one-point change looks like one
-        if t.profile == "tiny":
+        if t.profile == "tiny" and m.table is None:  # chance of the 4-way choice (MQAR's is 1/16)
             ax.axhline(25.0, color="tab:red", ls=":", lw=1)
-        ax.set_title(_plain(m.label), fontsize=9)
+        ax.set_title(_plain(m.label) + (f" ({m.table})" if m.table else ""), fontsize=9)
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite), after RFT", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, stem)
@@ -139,8 +142,12 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
     t = Table(experiment, table, profile, results_root)
     metrics = layout["columns"]
     header, rows = LAYOUTS[layout["layout"]](t, metrics)
-    md = to_markdown(header, rows)
-    written = write_outputs(table, profile, out_root, to_latex(t, header, rows), md, comparison(t, metrics))
+    md, tex = to_markdown(header, rows), to_latex(t, header, rows)
+    caption = companion_caption(t, metrics)
+    if caption:
+        md += "\n" + caption + "\n"
+        tex += "% " + caption + "\n"
+    written = write_outputs(table, profile, out_root, tex, md, comparison(t, metrics))
     written["figures"] = plot(t, metrics, (figures_root or ROOT / "figures") / profile / table)
     if not quiet:
         report(written, md, t.missing)

@@ -7,7 +7,7 @@ overridden per column (`{metric: zero_shot_avg, label: "Avg $\\uparrow$"}`).
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from state_reduction.errors import InputError
 
@@ -20,9 +20,15 @@ class Metric:
     scale: float = 1.0  # shown value = stored value * scale (accuracies as percent)
     format: str = ".1f"  # of the shown value; magnitudes of 1e5 and more use 3 significant digits (_fmt)
     paper_key: str | None = None  # the key of the paper's column in reference_data/*.json (None: the same id)
+    # read from the cells of this other table of the experiment (a companion, e.g. recall_table4: the same cells on
+    # other models, which stand in row for row for the table's); None: the table's own cells
+    table: str | None = None
 
     def with_label(self, label: str) -> Metric:
-        return Metric(self.id, label, self.lower_is_better, self.scale, self.format, self.paper_key)
+        return replace(self, label=label)
+
+    def of_table(self, table: str | None) -> Metric:
+        return replace(self, table=table)
 
 
 def _acc(id: str, label: str, paper_key: str | None = None) -> Metric:
@@ -37,6 +43,7 @@ METRICS = {m.id: m for m in [
     _acc("arc_easy_acc_norm", "ARC-e acc\\_n"), _acc("arc_challenge_acc_norm", "ARC-c acc\\_n"),
     _acc("hellaswag_acc_norm", "Hella. acc\\_n"), _acc("winogrande_acc", "Wino. acc"),
     _acc("piqa_acc_norm", "PIQA acc\\_n"), _acc("lambada_acc", "LMB. acc"),
+    _acc("mqar_32_p2_acc", "MQAR 32/2 $\\uparrow$"), _acc("mqar_32_p4_acc", "MQAR 32/4 $\\uparrow$"),
     _acc("mqar_32_p6_acc", "MQAR 32/6 $\\uparrow$"), _acc("mqar_32_p8_acc", "MQAR 32/8 $\\uparrow$"),
     _acc("continuation_acc_norm", "Cont. acc\\_n"), _acc("next_sentence_acc", "NextS. acc"),
     _acc("ruler_2k_acc", "RULER 2K $\\uparrow$"), _acc("ruler_4k_acc", "RULER 4K $\\uparrow$"),

@@ -5,6 +5,9 @@
       columns: [wiki_word_perplexity, lambada_ppl, zero_shot_avg]    # metric ids (paper_tables/metrics.py)
       # or per profile:  columns: {tiny: [...], paper: [...]}
       # a column may rename its header:  {metric: zero_shot_avg, label: "Avg $\\uparrow$"}
+      # or read another table's cells:   {metric: mqar_32_p8_acc, table: recall_table4}
+      #   (a companion table of the same experiment defined on the profile, e.g. tiny-only with `profiles: [tiny]`,
+      #   whose models stand in row for row, in the same order, for the table's models)
 
 The pipeline treats `render` as opaque; this module validates it. Which experiment owns a table comes from the
 configs only (state_reduction.pipeline.find_experiment).
@@ -17,10 +20,16 @@ from pathlib import Path
 import yaml
 
 from paper_tables.metrics import Metric, TableSpecError, closest, metric
-from state_reduction.pipeline import EXPERIMENTS_DIR, PipelineError, find_experiment, load_experiment
+from state_reduction.pipeline import (
+    EXPERIMENTS_DIR,
+    PipelineError,
+    find_experiment,
+    load_experiment,
+    profile_tables,
+)
 
 RENDER_KEYS = ("layout", "columns")
-COLUMN_KEYS = ("metric", "label")
+COLUMN_KEYS = ("metric", "label", "table")
 
 
 def config_path(experiment: str) -> Path:
@@ -74,18 +83,40 @@ def render_spec(spec: dict, table: str, profile: str, layouts, experiment: str |
         where = f"{where}.columns"
     if not isinstance(columns, list) or not columns:
         raise TableSpecError(f"{where}: a non-empty list of metric ids, got {columns!r}")
-    return {"layout": layout, "columns": [_column(c, f"{where}[{i}]") for i, c in enumerate(columns)]}
+    return {"layout": layout, "columns": [_column(c, f"{where}[{i}]", spec, table, profile)
+                                          for i, c in enumerate(columns)]}
 
 
-def _column(entry, where: str) -> Metric:
+def companions(spec: dict, table: str, profile: str) -> list[str]:
+    """The other tables whose cells `table`'s columns on `profile` read (`{metric: ..., table: ...}`), in column
+    order; none for a table without a `render:` mapping."""
+    render = (spec.get("tables") or {}).get(table, {}).get("render") or {}
+    columns = render.get("columns") or []
+    columns = columns.get(profile, []) if isinstance(columns, dict) else columns
+    return list(dict.fromkeys(c["table"] for c in columns if isinstance(c, dict) and c.get("table") is not None))
+
+
+def readers(spec: dict, table: str) -> list[str]:
+    """The tables of the experiment whose columns, on some profile, read `table`'s cells (companions)."""
+    return [t for t in spec.get("tables") or {} for p in spec["profiles"] if table in companions(spec, t, p)]
+
+
+def _column(entry, where: str, spec: dict, table: str, profile: str) -> Metric:
     if isinstance(entry, str):
         return metric(entry, where)
     if not isinstance(entry, dict) or "metric" not in entry:
-        raise TableSpecError(f"{where}: a metric id or a mapping with `metric` (and `label`), got {entry!r}")
+        raise TableSpecError(f"{where}: a metric id or a mapping with `metric` (and `label`, `table`), got {entry!r}")
     unknown = [k for k in entry if k not in COLUMN_KEYS]
     if unknown:
         raise TableSpecError(f"{where}: unknown key {unknown[0]!r}; {closest(unknown[0], COLUMN_KEYS)}")
     m = metric(entry["metric"], where)
+    if "table" in entry:
+        other, defined = entry["table"], profile_tables(spec, profile)
+        if other == table or other not in defined:
+            raise TableSpecError(f"{where}.table: {other!r} is not another table of experiment "
+                                 f"{spec['experiment']!r} defined on profile {profile!r}; "
+                                 f"{closest(other, [t for t in defined if t != table])}")
+        m = m.of_table(other)
     return m.with_label(entry["label"]) if "label" in entry else m
 
 

@@ -25,13 +25,15 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 TABLES = ["table1", "table3", "table8", "table9", "table10", "table12", "table13", "table20", "table21", "table22",
           "table23", "table24", "table2", "table7", "table16", "table4", "table11", "table14", "table15"]
 PROFILES = ["tiny", "paper"]
+# tiny-only companion tables, whose cells the MQAR columns of Tables 4, 11 and 12 read (written, not rendered alone)
+COMPANIONS = {"tiny": ["recall_table4", "recall_table11", "recall_table12"]}
 # rendered a second time with replicate seeds (mean ± CI half-width), as `<table>_seeds` goldens
 SEEDED = {"table20": [0, 1, 2]}
 PPL = ["wiki_word_perplexity", "lambada_ppl", "ptb_word_perplexity"]
 ACC = ["zero_shot_avg", "arc_easy_acc_norm", "arc_challenge_acc_norm", "hellaswag_acc_norm", "winogrande_acc",
        "piqa_acc_norm", "lambada_acc", "continuation_acc_norm", "next_sentence_acc", "ruler_2k_acc", "ruler_4k_acc",
        "niah_2k_acc", "niah_4k_acc", "squad_acc", "swde_acc", "ruler_256_acc", "ruler_512_acc", "niah_256_acc",
-       "niah_512_acc"]
+       "niah_512_acc", "mqar_32_p2_acc", "mqar_32_p8_acc"]
 
 
 def _unit(*parts) -> float:
@@ -64,6 +66,7 @@ def write_fixtures(results_root: Path, tables=TABLES, profiles=PROFILES) -> int:
     written = set()
     plans = [(profile, table, seeds) for profile in profiles for table in tables
              for seeds in ([None] + ([SEEDED[table]] if table in SEEDED else []))]
+    plans += [(profile, table, None) for profile in profiles for table in COMPANIONS.get(profile, [])]
     for profile, table, seeds in plans:
         plan = plan_table(None, table, profile, stages=("baseline", "eval-pre", "eval-post"), seeds=seeds)
         for jobs in plan["stages"].values():

@@ -118,6 +118,7 @@ class TableSpec:
     evaluate: Union[dict[str, dict[str, Any]], None] = None  # profile -> evaluate overrides (table_evaluate)
     overlap: Union[list[list[str]], None] = None  # method pairs (analysis.experiment)
     render: Union[dict[str, Any], None] = None  # the table's layout; paper_tables defines and checks it
+    profiles: Union[list[str], None] = None  # the profiles the table is defined on (default: every profile)
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,10 @@ def parse_spec(raw, source) -> ExperimentSpec:
         if profile.rft is not None:
             _check_rft(source, f"profiles.{name}.rft", profile.rft)
     for name, table in spec.tables.items():
+        missing = [p for p in table.profiles or () if p not in spec.profiles]
+        if missing:
+            raise SpecError(f"{source}: tables.{name}.profiles lists {missing}, which the experiment does not define; "
+                            f"its profiles: {', '.join(spec.profiles)}")
         unknown = [m for m in table.methods or () if m not in spec.methods]
         if unknown:
             raise SpecError(f"{source}: tables.{name}.methods lists {unknown}, which the experiment does not run; "
@@ -328,6 +333,16 @@ class Cell:
 CONTROL = "dense"
 
 
+def table_profiles(spec: dict, table: str) -> list[str]:
+    """The profiles `table` is defined on: its `profiles:` (e.g. a tiny-only companion table), else every profile."""
+    return list(spec["tables"][table].get("profiles") or spec["profiles"])
+
+
+def profile_tables(spec: dict, profile: str) -> list[str]:
+    """The experiment's tables defined on `profile` (table_profiles), in config order."""
+    return [t for t in spec.get("tables", {}) if profile in table_profiles(spec, t)]
+
+
 def table_methods(spec: dict, table: str) -> list[str]:
     """The table's `methods:` (a subset of the experiment's, e.g. Table 13 shows only DRRQR and L1), else all."""
     methods = spec["tables"][table].get("methods", spec["methods"])
@@ -347,6 +362,9 @@ def table_cells(spec: dict, table: str, profile: str, seeds=None) -> tuple[list[
         raise PipelineError(f"experiment {spec['experiment']!r} does not feed {table!r}; tables: {', '.join(tables)}")
     t = tables[table]
     models = profile_spec(spec, profile)["models"]
+    if profile not in table_profiles(spec, table):
+        raise PipelineError(f"{table} of experiment {spec['experiment']!r} is defined on profiles "
+                            f"{', '.join(table_profiles(spec, table))} only, not {profile!r}")
     keys = []
     for paper_name in t["models"]:
         key = next((k for k, m in models.items() if paper_name in m["stands_for"]), None)

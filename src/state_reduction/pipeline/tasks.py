@@ -15,6 +15,7 @@ from state_reduction.pipeline.spec import (
     Cell,
     PipelineError,
     load_experiment,
+    profile_tables,
     table_cells,
     table_evaluate,
 )
@@ -67,11 +68,11 @@ def _eval_variants(spec: dict, profile: str, tables) -> dict[str, tuple[dict, st
 
 
 def plan_tasks(experiment: str, profile: str = "tiny", tables=None, seeds=None) -> list[Task]:
-    """The tasks of `tables` (default: every table of the experiment) on `profile`: one per model for the
+    """The tasks of `tables` (default: every table of the experiment defined on `profile`) on `profile`: one per model for the
     dense baseline, then one per distinct cell (a cell shared by several tables is one task, with the
     evaluations each of them needs), in table order. `seeds`: replicate seeds, as run-table --seeds."""
     spec = load_experiment(experiment)
-    tables = list(tables or spec["tables"])
+    tables = list(tables or profile_tables(spec, profile))
     models, cells = {}, {}
     for table in tables:
         keys, table_cells_, rft_states = table_cells(spec, table, profile, seeds)
@@ -100,7 +101,7 @@ def task_jobs(experiment: str, name: str, profile: str = "tiny", tables=None, st
     model stages once, each evaluation once per evaluation setting of the task's tables."""
     spec = load_experiment(experiment)
     task = find_task(experiment, name, profile, tables, seeds)
-    variants = _eval_variants(spec, profile, list(tables or spec["tables"]))
+    variants = _eval_variants(spec, profile, list(tables or profile_tables(spec, profile)))
     wanted = tuple(s for s in task.stages if s in stages)
     jobs, runner, model_stages_done = [], None, False
     for sfx in dict(task.evals):
@@ -125,7 +126,7 @@ def run_task(experiment: str, name: str, profile: str = "tiny", tables=None, sta
     task = find_task(experiment, name, profile, tables, seeds)
     if offline_cache() is None:  # a prefetched cache offline needs no hub (as run_table; the caller checked the cache)
         require_hub_for(profile, "run the task")
-    variants = _eval_variants(spec, profile, list(tables or spec["tables"]))
+    variants = _eval_variants(spec, profile, list(tables or profile_tables(spec, profile)))
     for sfx in dict(task.evals):
         check_context(spec, profile, [task.model], evaluate=variants[sfx][0])
     torch.manual_seed(0)
