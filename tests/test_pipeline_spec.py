@@ -174,6 +174,23 @@ def test_analyses_are_mirrored_to_wandb_as_every_stage(tmp_path, monkeypatch):
     assert mirrored == ["deltanet-l1-r75-prune.json"] + [p.name for p in paths]
 
 
+def _prune_config_reaching_prune(monkeypatch, path, tmp_path, cell):
+    """The PruneConfig that the pipeline's prune stage hands to `pruning.prune` for `cell` (stopped there)."""
+    from state_reduction.pipeline import stages
+
+    seen = {}
+
+    def spy(cfg):
+        seen["cfg"] = cfg
+        raise StopIteration
+
+    monkeypatch.setattr(stages, "prune", spy)
+    runner = stages.Runner(load_experiment(path), "tiny", results_root=tmp_path / "r")
+    with pytest.raises(StopIteration):
+        stages.run_prune(runner, "x", runner.prune_config(cell))
+    return seen["cfg"]
+
+
 def test_the_budget_varies_like_a_setting_and_uniform_keeps_the_plain_name_and_key(tmp_path, monkeypatch):
     """Issue 17: `vary: {budget: [...]}` crosses budgets with selectors; the uniform budget (and the default floor)
     is no override, so its cells keep the names and config keys of the table without budgets, and prune receives
@@ -195,18 +212,9 @@ def test_the_budget_varies_like_a_setting_and_uniform_keeps_the_plain_name_and_k
     assert {n: k for n, k in varied.items() if n in plain} == plain
     assert set(varied) - set(plain) == {n.replace("-prune", f"{s}-prune") for n in plain
                                         for s in ("-bud_global-aire", "-floor_2", "-bud_global-aire-floor_2")}
-    seen = {}
-
-    def spy(cfg):
-        seen["cfg"] = cfg
-        raise StopIteration
-
-    monkeypatch.setattr(stages, "prune", spy)
-    runner = stages.Runner(load_experiment(path), "tiny", results_root=tmp_path / "r")
-    config = runner.prune_config(stages.Cell("deltanet", "drrqr", 0.5, (("budget", "global-aire"),)))
-    with pytest.raises(StopIteration):
-        stages.run_prune(runner, "x", config)
-    assert (seen["cfg"].budget, seen["cfg"].budget_floor) == ("global-aire", 1)
+    cfg = _prune_config_reaching_prune(monkeypatch, path, tmp_path, stages.Cell("deltanet", "drrqr", 0.5,
+                                                                                 (("budget", "global-aire"),)))
+    assert (cfg.budget, cfg.budget_floor) == ("global-aire", 1)
 
     def typo(spec):
         spec["tables"]["table20"]["vary"] = {"budget": ["uniform", "global"]}
@@ -236,18 +244,9 @@ def test_budget_granularity_and_layer_removal_vary_and_an_unknown_granularity_is
     names = {n for n, _ in plan_table(path, "table20", "tiny")["stages"]["prune"]}
     assert any("-gran_head" in n for n in names) and any("-rm_True" in n for n in names)
     assert not any("gran_layer" in n or "rm_False" in n for n in names)
-    seen = {}
-
-    def spy(cfg):
-        seen["cfg"] = cfg
-        raise StopIteration
-
-    monkeypatch.setattr(stages, "prune", spy)
-    runner = stages.Runner(load_experiment(path), "tiny", results_root=tmp_path / "r")
     vary_cell = (("allow_layer_removal", True), ("budget", "global-aire"), ("budget_granularity", "head"))
-    with pytest.raises(StopIteration):
-        stages.run_prune(runner, "x", runner.prune_config(stages.Cell("deltanet", "l1", 0.5, vary_cell)))
-    assert (seen["cfg"].budget_granularity, seen["cfg"].allow_layer_removal) == ("head", True)
+    cfg = _prune_config_reaching_prune(monkeypatch, path, tmp_path, stages.Cell("deltanet", "l1", 0.5, vary_cell))
+    assert (cfg.budget_granularity, cfg.allow_layer_removal) == ("head", True)
 
     def typo(spec):
         spec["tables"]["table20"]["vary"] = {"budget": ["global-aire"], "budget_granularity": ["heads"]}
