@@ -61,6 +61,11 @@ class Budget:
         return sum(len(heads.get(layer, [])) * k for layer, k in self.key_dims.items()) if heads else self.kept_total
 
 
+def check_budget(budget: str) -> None:
+    if budget not in BUDGETS:
+        raise InputError(f"--budget {budget!r} unknown; accepted: {', '.join(BUDGETS)}")
+
+
 def check_granularity(granularity: str) -> None:
     if granularity not in GRANULARITIES:
         raise InputError(f"--budget-granularity {granularity!r} unknown; accepted: {', '.join(GRANULARITIES)}")
@@ -91,8 +96,7 @@ def layer_budget(scores: dict[int, torch.Tensor], K: int, ratio: float, budget: 
                  multiple: int = 1, allow_layer_removal: bool = False, granularity: str = "layer") -> Budget:
     """Per-layer K' from per-channel scores {layer: [H, K]} (see the module docstring). With `granularity` "head"
     each head gets its own K'_h from the same threshold (rounding, floor and repair per head)."""
-    if budget not in BUDGETS:
-        raise InputError(f"--budget {budget!r} unknown; accepted: {', '.join(BUDGETS)}")
+    check_budget(budget)
     check_granularity(granularity)
     if floor > K:
         raise InputError(f"--budget-floor {floor} exceeds the key dimension K={K}; the largest floor is "
@@ -107,10 +111,9 @@ def layer_budget(scores: dict[int, torch.Tensor], K: int, ratio: float, budget: 
     requested = sum(h * uniform_k for h in heads.values())
     if budget == "uniform":
         return Budget({layer: uniform_k for layer in scores}, requested, requested)
-    min_k = floor
-    if sum(h * min_k for h in heads.values()) > requested:
+    if sum(h * floor for h in heads.values()) > requested:
         limit = requested // sum(heads.values())
-        raise InputError(f"--budget-floor {floor}: the floors alone need {sum(h * min_k for h in heads.values())} channels, "
+        raise InputError(f"--budget-floor {floor}: the floors alone need {sum(h * floor for h in heads.values())} channels, "
                          f"more than the budget's {requested} at ratio {ratio}; the largest floor is {limit}")
     normalised = {layer: layer_normalise(s) for layer, s in scores.items()}
     pooled = torch.cat([n.flatten() for n in normalised.values()])
@@ -129,7 +132,7 @@ def layer_budget(scores: dict[int, torch.Tensor], K: int, ratio: float, budget: 
     width = {u: 1 if u[1] is not None else heads[u[0]] for u in counts}
     ranked = {u: torch.sort((normalised[u[0]][u[1]] if u[1] is not None else normalised[u[0]]).flatten(),
                             descending=True).values for u in counts}
-    dims = {u: min(K, max(min_k, multiple * round(c / multiple))) for u, c in counts.items()}
+    dims = {u: min(K, max(floor, multiple * round(c / multiple))) for u, c in counts.items()}
 
     # greedy repair of the rounding: move `multiple` channels per head between units by the next score
     def next_score(u, grow: bool) -> float:
@@ -147,7 +150,7 @@ def layer_budget(scores: dict[int, torch.Tensor], K: int, ratio: float, budget: 
                 break
             dims[max(grow, key=lambda u: next_score(u, True))] += multiple
         else:
-            shrink = [u for u in dims if dims[u] - multiple >= min_k]
+            shrink = [u for u in dims if dims[u] - multiple >= floor]
             if not shrink:
                 break
             dims[min(shrink, key=lambda u: next_score(u, False))] -= multiple

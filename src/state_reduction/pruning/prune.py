@@ -25,6 +25,7 @@ from state_reduction.provenance import collect_provenance
 from state_reduction.pruning.budgets import (
     BUDGETS,
     GRANULARITIES,
+    check_budget,
     check_granularity,
     check_scored_selector,
     last_head_factor,
@@ -94,8 +95,7 @@ class PruneConfig:
                                      ("grad_tokens", self.grad_tokens, 1)):
             if not isinstance(value, int) or value < least:
                 raise InputError(f"{option} must be an integer >= {least}, got {value!r}")
-        if self.budget not in BUDGETS:
-            raise InputError(f"--budget {self.budget!r} unknown; accepted: {', '.join(BUDGETS)}")
+        check_budget(self.budget)
         check_granularity(self.budget_granularity)
         if self.budget != "uniform":
             check_scored_selector(self.method, self.budget)
