@@ -513,6 +513,19 @@ def qkscore_keep(Gq: torch.Tensor, Gk: torch.Tensor, keep: int, normalised: bool
     return torch.nonzero(kept).flatten()
 
 
+def _qkscore_selection(x: SelectorInput, name: str, swaps: int, M: torch.Tensor | None = None) -> KeyChannelSelection:
+    """`qkscore_keep` per head of the layer, on the Grams of x.mode (and the pair-weighted M [H, K, K] if given)."""
+    H, K = x.shape
+    normalised = bool(x.stats.qk_l2_normalised) if x.stats is not None else False
+    field = "sum_{s}{s}" if normalised else "gram_{s}"
+    hint = "q/k Grams (gram_* or sum_qq/sum_kk): run calibration with the gram and normalised_moments statistics"
+    G = {s: _stat(x.stats, field.format(s=s), name, x.layer, (H, K, K), hint) for s in "qk"}
+    left, right = {"kq": ("q", "k"), "k": ("k", "k"), "q": ("q", "q")}[x.mode]
+    kept = [qkscore_keep(G[left][h], G[right][h], x.keep, normalised, swaps, M=None if M is None else M[h])
+            for h in range(H)]
+    return KeyChannelSelection(keep=torch.stack(kept).to(torch.int64))
+
+
 @register_selector("qkscore", needs={"gram", "normalised_moments"})
 def select_qkscore(x: SelectorInput, *, swaps: int = 0) -> KeyChannelSelection:
     """Ours (issue 19): keep the channels whose removal least changes the query-key scores the kernel computes.
@@ -533,14 +546,7 @@ def select_qkscore(x: SelectorInput, *, swaps: int = 0) -> KeyChannelSelection:
     keep is a binary quadratic problem; it is solved by greedy backward elimination (remove the channel whose
     removal gives the smallest J, K - keep times), optionally refined by `swaps` passes of the best single swap.
     Mode k uses M = G_k o G_k (the key-key products of the delta rule's erasure), mode q G_q o G_q."""
-    H, K = x.shape
-    normalised = bool(x.stats.qk_l2_normalised) if x.stats is not None else False
-    field = "sum_{s}{s}" if normalised else "gram_{s}"
-    hint = "q/k Grams (gram_* or sum_qq/sum_kk): run calibration with the gram and normalised_moments statistics"
-    G = {s: _stat(x.stats, field.format(s=s), "qkscore", x.layer, (H, K, K), hint) for s in "qk"}
-    left, right = {"kq": ("q", "k"), "k": ("k", "k"), "q": ("q", "q")}[x.mode]
-    kept = [qkscore_keep(G[left][h], G[right][h], x.keep, normalised, swaps) for h in range(H)]
-    return KeyChannelSelection(keep=torch.stack(kept).to(torch.int64))
+    return _qkscore_selection(x, "qkscore", swaps)
 
 
 @register_selector("qkscore-decay", needs={"gram", "normalised_moments", "decay_grams"})
@@ -570,12 +576,6 @@ def select_qkscore_decay(x: SelectorInput, *, swaps: int = 0) -> KeyChannelSelec
     the plain Grams. Modes k and q keep this M (the decay weight belongs to a query-key pair; a key-key or
     query-query P would be a second statistic) and take a(S) from G_k (resp. G_q) alone, as `qkscore` does."""
     H, K = x.shape
-    normalised = bool(x.stats.qk_l2_normalised) if x.stats is not None else False
-    field = "sum_{s}{s}" if normalised else "gram_{s}"
-    hint = "q/k Grams (gram_* or sum_qq/sum_kk): run calibration with the gram and normalised_moments statistics"
-    G = {s: _stat(x.stats, field.format(s=s), "qkscore-decay", x.layer, (H, K, K), hint) for s in "qk"}
     M = _stat(x.stats, "decay_score_gram", "qkscore-decay", x.layer, (H, K, K),
               "decay_score_gram: run calibration with the decay_grams statistic")
-    left, right = {"kq": ("q", "k"), "k": ("k", "k"), "q": ("q", "q")}[x.mode]
-    kept = [qkscore_keep(G[left][h], G[right][h], x.keep, normalised, swaps, M=M[h]) for h in range(H)]
-    return KeyChannelSelection(keep=torch.stack(kept).to(torch.int64))
+    return _qkscore_selection(x, "qkscore-decay", swaps, M)
