@@ -81,7 +81,7 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
             raise TableSpecError(f"{table}: --seeds applies to the language-modelling tables only")
         return module.render(table, profile, experiment, results_root, out_root=out_root, figures_root=figures_root,
                              quiet=quiet, **extra)
-    read_by = list(dict.fromkeys(table_spec.readers(spec, table)))
+    read_by = table_spec.readers(spec, table)
     if read_by:
         raise TableSpecError(f"{table_spec.config_path(experiment)}: tables.{table} is a companion table, shown as "
                              f"columns of {', '.join(read_by)}; render {read_by[0]}")

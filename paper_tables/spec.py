@@ -98,7 +98,7 @@ def companions(spec: dict, table: str, profile: str) -> list[str]:
 
 def readers(spec: dict, table: str) -> list[str]:
     """The tables of the experiment whose columns, on some profile, read `table`'s cells (companions)."""
-    return [t for t in spec.get("tables") or {} for p in spec["profiles"] if table in companions(spec, t, p)]
+    return [t for t in spec.get("tables") or {} if any(table in companions(spec, t, p) for p in spec["profiles"])]
 
 
 def _column(entry, where: str, spec: dict, table: str, profile: str) -> Metric:
