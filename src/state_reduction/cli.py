@@ -16,6 +16,7 @@ from state_reduction.backend import install_cpu_backend
 from state_reduction.checkpoints import check_checkpoint_files
 from state_reduction.data import corpus_text, list_corpora, load_corpus
 from state_reduction.devices import resolve_device
+from state_reduction.allocator import pipeline_heap
 from state_reduction.errors import Error, InputError
 from state_reduction.evaluation import evaluate, load_causal_lm
 from state_reduction.evaluation.run import HUB_SUITES, EvaluateConfig, _suite_table
@@ -306,6 +307,12 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     quiet_progress_off_tty()
     where = f"state-reduction {args.command}"
+    if getattr(args, "allocator", "pipeline") == "pipeline":  # `bench` sets "own": it measures glibc's default
+        try:
+            pipeline_heap()
+        except Error as e:
+            print(f"{where}: error: {e.one_line()}", file=sys.stderr)
+            return 2
     show = warnings.showwarning
     warnings.showwarning = lambda message, category, *rest, **kw: print(
         f"{where}: warning: {' '.join(str(message).split())}", file=sys.stderr)

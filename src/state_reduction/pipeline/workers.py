@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from state_reduction.allocator import pipeline_heap
 from state_reduction.pipeline.spec import PipelineError
 from state_reduction.pipeline.stages import STAGES
 from state_reduction.pipeline.stages import run_table as run_table_here
@@ -30,6 +31,7 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
 
 def _worker_init(threads: int) -> None:
     quiet_progress_off_tty()  # a spawned worker starts from a fresh tqdm: as quiet off a terminal as the CLI
+    pipeline_heap()  # and from glibc's default allocator: the CLI's setting (allocator.py)
     torch.set_num_threads(threads)
 
 

@@ -10,8 +10,6 @@ table are in `extra["rows"]`. Backends: fla's Triton kernels on CUDA, the projec
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import platform
 import time
@@ -23,6 +21,7 @@ from fla.layers import GatedDeltaNet
 from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 from torch import nn
 
+from state_reduction.allocator import AllocatorError, heap_only
 from state_reduction.backend import install_cpu_backend, recurrent_gated_delta_rule_torch
 from state_reduction.errors import Error
 from state_reduction.models.families import get_adapter
@@ -120,15 +119,13 @@ def _record(mode: str, *, profile: str, config: dict, rows: list[dict], metrics:
 
 
 def use_heap_allocations() -> str:
-    """glibc: serve large blocks from the heap instead of a fresh mmap each (mallopt M_MMAP_THRESHOLD 1 GiB, no
-    trimming). By default every freed block above 32 MiB (a [64, 16, 128, 128] fp32 state is 64 MiB) is unmapped
-    and the next one page-faults back in, so the torch reference's decode step then measures the kernel's page
-    faults as much as state traffic. Process-wide and irreversible: for a dedicated benchmark process."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    if not (libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, (1 << 31) - 1)):
-        raise BenchError("mallopt refused the heap-only setting (not glibc?)")
-    return "heap (glibc mmap threshold 1 GiB, no trim)"
+    """glibc: serve large blocks from the heap instead of a fresh mmap each (`allocator.heap_only`). By default every
+    freed block above 32 MiB (a [64, 16, 128, 128] fp32 state is 64 MiB) is unmapped and the next one page-faults
+    back in, so the torch reference's decode step then measures the kernel's page faults as much as state traffic."""
+    try:
+        return heap_only()
+    except AllocatorError as e:
+        raise BenchError(str(e)) from None
 
 
 def amdahl(share: float, speedup: float) -> float:

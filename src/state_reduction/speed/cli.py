@@ -234,7 +234,7 @@ def register(sub) -> None:
     be.add_argument("--method", default="drrqr", help="pipeline: the cell's selector (first of --ratios is its ratio)")
     be.add_argument("--limit", type=float, default=None,
                     help="pipeline: examples per evaluation task (default: the experiment's)")
-    be.set_defaults(func=_run)
+    be.set_defaults(func=_run, allocator="own")  # glibc's default, or --malloc-heap (allocator.heap_only)
 
 
 def _run(args) -> int:
