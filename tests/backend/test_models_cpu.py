@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from state_reduction.backend.fused_cpu import KERNELS, use_kernel
 from state_reduction.backend import install_cpu_backend
 
 VOCAB = 256
@@ -108,14 +109,15 @@ def test_fused_linear_cross_entropy_equals_torch_cross_entropy(build):
     torch.testing.assert_close(loss, shifted_cross_entropy(logits, x), atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize('kernel', KERNELS)  # the decode steps: the torch reference, the fused C step
 @pytest.mark.parametrize('T', LENGTHS)
 @pytest.mark.parametrize('name', FAMILIES)
-def test_cached_decoding_equals_full_forward(name, T):
+def test_cached_decoding_equals_full_forward(name, T, kernel):
     family = FAMILIES[name]
     model = model_in_float64(name)
     x = tokens(2, T)
     prefill = T - 6
-    with torch.no_grad():
+    with torch.no_grad(), use_kernel(kernel):
         full = model(x).logits
         out = model(x[:, :prefill], use_cache=True)
         logits = [out.logits]

@@ -148,3 +148,15 @@ def test_cli_errors(tmp_path, capsys):
 def test_recurrence_levels_are_checked():
     with pytest.raises(BenchError, match="levels must be"):
         bench_recurrence(levels=("kernel",), protocol=ONCE)
+
+
+def test_recurrence_times_the_kernel_it_is_given():
+    """--kernel fused times backend/fused_cpu's step (recorded in config and backend); an unknown one is one line."""
+    r = validate(bench_recurrence(batch=2, num_heads=2, d_v=16, d_k=16, levels=("recurrence",), protocol=ONCE,
+                                  kernel="fused"))
+    assert r["config"]["kernel"] == "fused" and r["config"]["backend"] == "torch-reference-cpu+fused-c-decode"
+    assert all(x["traffic_bound_multiple"] > 0 for x in r["extra"]["rows"])
+    base = validate(bench_recurrence(batch=2, num_heads=2, d_v=16, d_k=16, levels=("recurrence",), protocol=ONCE))
+    assert base["config"]["kernel"] == "torch" and base["config"]["backend"] == "torch-reference-cpu"
+    with pytest.raises(BenchError, match="--kernel must be one of torch, fused .* got 'cuda-fused' on cpu"):
+        bench_recurrence(levels=("recurrence",), protocol=ONCE, kernel="cuda-fused")

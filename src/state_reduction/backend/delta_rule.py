@@ -12,6 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from state_reduction.backend.fused_cpu import fused_recurrent_scan, selected_kernel
+
 L2NORM_EPS = 1e-6
 
 
@@ -264,7 +266,11 @@ def run_delta_rule(
     inference = not (torch.is_grad_enabled() and any(x.requires_grad for x in tensors))
 
     if chunk_size is None and inference:
-        o, ht = _recurrent_scan_inplace(q, k, v, beta, g, h0, scale, v_first=state_v_first)
+        if q.device.type == "cpu" and selected_kernel() == "fused":
+            ht = STATE_BUFFERS.empty(h0.shape, h0.dtype, h0.device)
+            o, ht = fused_recurrent_scan(q, k, v, beta, g, h0, scale, state_v_first, ht)
+        else:
+            o, ht = _recurrent_scan_inplace(q, k, v, beta, g, h0, scale, v_first=state_v_first)
         state_v_first = False  # ht is already in the caller's layout
     else:
         h0 = h0.transpose(-1, -2) if state_v_first else h0

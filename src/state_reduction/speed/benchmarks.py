@@ -23,6 +23,7 @@ from torch import nn
 
 from state_reduction.allocator import AllocatorError, heap_only
 from state_reduction.backend import install_cpu_backend, recurrent_gated_delta_rule_torch
+from state_reduction.backend.fused_cpu import KERNELS, use_kernel
 from state_reduction.errors import Error
 from state_reduction.models.families import get_adapter
 from state_reduction.peak_memory import measure_peak_bytes
@@ -204,13 +205,17 @@ def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v:
                      ratios=(0.5, 0.75), model: str = "gdn-1.3b", layers: int = 2, prompt_len: int = 16,
                      protocol: TimingProtocol = RECURRENCE_PROTOCOL, model_protocol: TimingProtocol = MODEL_STEP_PROTOCOL,
                      levels=("recurrence", "layer", "model"), malloc_heap: bool = False, profile: str = "tiny",
-                     seed: int = 0) -> dict:
+                     seed: int = 0, kernel: str = "torch") -> dict:
     """One decode step at three levels, baseline vs reduced d_k: the recurrence alone (state update + readout),
     one Gated DeltaNet mixer layer (projections, conv, gate, norm, o_proj), and a 1.3B-shaped model with `layers`
     layers. The layer and model levels report the recurrence's measured share s of the baseline step and the
-    Amdahl bound 1 / ((1 - s) + s / (d_k / d_k')) that an ideal d_k-proportional recurrence would give."""
+    Amdahl bound 1 / ((1 - s) + s / (d_k / d_k')) that an ideal d_k-proportional recurrence would give. On CPU
+    `kernel` picks the decode step: `torch` (the reference) or `fused` (backend.fused_cpu, one pass per head)."""
     t_start = time.perf_counter()
     device = resolve_device(device)
+    if kernel not in KERNELS or (kernel != "torch" and device.type != "cpu"):
+        raise BenchError(f"bench recurrence: --kernel must be one of {', '.join(KERNELS)} (fused: CPU only), "
+                         f"got {kernel!r} on {device.type}")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # as the models run; states stay fp32
     unknown = set(levels) - {"recurrence", "layer", "model"}
     if unknown or not levels:
@@ -218,7 +223,7 @@ def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v:
     malloc = use_heap_allocations() if malloc_heap and device.type == "cpu" else "default"
     vs = variants(d_k, ratios)
     rows, metrics = [], {}
-    with torch.no_grad():
+    with torch.no_grad(), use_kernel(kernel if device.type == "cpu" else "torch"):
         if "recurrence" in levels:
             fn = _recurrence_fn(device)
             inputs = {label: _recurrence_inputs(batch, num_heads, k, d_v, device, dtype, seed) for label, k in vs}
@@ -269,9 +274,10 @@ def bench_recurrence(*, device="cpu", batch: int = 64, num_heads: int = 16, d_v:
     config = {"batch": batch, "num_heads": num_heads, "d_v": d_v, "d_k": d_k, "ratios": list(ratios), "model": model, "layers": layers,
                   "prompt_len": prompt_len, "levels": list(levels), "protocol": asdict(protocol),
                   "model_protocol": asdict(model_protocol), "seed": seed, "dtype": str(dtype).removeprefix("torch."),
-              "malloc": malloc}
-    return _record("recurrence", profile=profile, config=config, rows=rows, metrics=metrics, device=device,
-                   wall=time.perf_counter() - t_start)
+              "malloc": malloc, "kernel": kernel}
+    with use_kernel(kernel if device.type == "cpu" else "torch"):  # the backend label names the kernel
+        return _record("recurrence", profile=profile, config=config, rows=rows, metrics=metrics, device=device,
+                       wall=time.perf_counter() - t_start)
 
 
 def _level_rows(level: str, vs, samples: dict, K: int, share: float, **more) -> list[dict]:

@@ -108,8 +108,9 @@ def _cmd_bench(args) -> int:
         record = sb.bench_recurrence(device=args.device, batch=args.batch_sizes[0] if args.batch_sizes else 64,
                                      layers=args.layers or 2, ratios=ratios, protocol=_protocol(args),
                                      model_protocol=sb.TimingProtocol(args.warmup, max(1, args.steps // 10), args.repeats),
-                                     levels=tuple(args.levels), malloc_heap=args.malloc_heap, profile=args.profile)
-        tag = "gdn_heap" if args.malloc_heap else "gdn"
+                                     levels=tuple(args.levels), malloc_heap=args.malloc_heap, profile=args.profile,
+                                     kernel=args.kernel)
+        tag = "gdn" + ("_heap" if args.malloc_heap else "") + ("" if args.kernel == "torch" else f"_{args.kernel}")
     elif args.mode == "mixer":
         record = sb.bench_mixer(device=args.device, batches=tuple(args.batch_sizes or (1, 2)), seq_len=args.seq_len or 512,
                                 ratios=ratios, keeps=tuple(args.keep if args.keep is not None else (96, 80, 77)),
@@ -219,6 +220,9 @@ def register(sub) -> None:
                     help="recurrence: what to time (recurrence alone, one mixer layer, the model)")
     be.add_argument("--malloc-heap", action="store_true",
                     help="recurrence on CPU: large blocks from the heap, not a fresh mmap per state tensor (glibc)")
+    be.add_argument("--kernel", choices=["torch", "fused"], default="torch",
+                    help="recurrence on CPU: the decode step timed: the torch reference, or the fused one-pass C step "
+                         "(backend/fused_cpu.py; what STATE_REDUCTION_CPU_RECURRENCE=fused selects in every command)")
     be.add_argument("--memory-budget", default=None, help="prefill: skip cells estimated above this (default: free memory)")
     be.add_argument("--budget", default=None, help="state-memory: memory for recurrent states, e.g. 80GiB")
     be.add_argument("--fixed", default=None, help="state-memory: bytes taken before states (e.g. weights), e.g. 2.6GiB")

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from state_reduction.backend.fused_cpu import selected_kernel
 from state_reduction.backend.vocabulary import vocabulary_modules
 from state_reduction.checkpoints import load_model
 from state_reduction.errors import InputError, MissingInputError
@@ -86,5 +87,8 @@ def check_device(model: nn.Module, device: torch.device, what: str) -> None:
 
 
 def backend_label(device: torch.device) -> str:
-    """What executes the recurrence: fla's Triton kernels on CUDA, the project's torch references on CPU."""
-    return "fla-triton" if device.type == "cuda" else "torch-reference-cpu"
+    """What executes the recurrence: fla's Triton kernels on CUDA, the project's torch references on CPU (their decode
+    steps the fused C step when STATE_REDUCTION_CPU_RECURRENCE=fused or `fused_cpu.use_kernel` selects it)."""
+    if device.type == "cuda":
+        return "fla-triton"
+    return "torch-reference-cpu" + ("+fused-c-decode" if selected_kernel() == "fused" else "")
