@@ -69,6 +69,28 @@ def test_every_method_family_mode_and_ratio(tmp_path, family, method, mode, rati
         assert record["calibration"]["tokens"] == 2 * 64 and record["calibration"]["sha256"]
 
 
+def test_selector_options_reach_the_selector_and_the_record(tmp_path, monkeypatch):
+    """--selector-options swaps=3 (issue 19): qkscore gets swaps=3 in every layer, the recorded config names it; a
+    run without options records the config as before options existed (its config key unchanged)."""
+    seen = []
+    real = SELECTORS["qkscore"]
+
+    def spy(x, *, swaps: int = 0):
+        seen.append(swaps)
+        return real.fn(x, swaps=swaps)
+
+    monkeypatch.setitem(SELECTORS, "qkscore", type(real)(real.name, spy, real.needs, real.serves, real.scores))
+    record = prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), method="qkscore", ratio=0.5, out=str(tmp_path / "a"),
+                               selector_options="swaps=3", **FAST))
+    assert seen == [3] * 4  # the tiny DeltaNet's four mixers
+    assert PruneConfig(model="m", method="qkscore", ratio=0.5, out="o", selector_options="swaps=3").recorded()[
+        "selector_options"] == "swaps=3"
+    assert "selector_options" not in PruneConfig(model="m", method="qkscore", ratio=0.5, out="o").recorded()
+    assert real.options("swaps=2") == {"swaps": 2} and SELECTORS["drrqr"].options("f=1.5, max_swaps=4") == {
+        "f": 1.5, "max_swaps": 4}
+    assert record["selection"]
+
+
 def test_ratio_zero_and_seeded_rand_are_reproducible(tmp_path):
     a = prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), method="rand", ratio=0.5, seed=7, out=str(tmp_path / "a")))
     b = prune(PruneConfig(model=str(CHECKPOINTS / "deltanet"), method="rand", ratio=0.5, seed=7, out=str(tmp_path / "b")))
@@ -87,6 +109,13 @@ def test_ratio_zero_and_seeded_rand_are_reproducible(tmp_path):
     (["--method", "drrqr", "--ratio", "-0.1"], "compression ratio must be in"),
     (["--method", "drqr", "--ratio", "0.5"], "did you mean 'drrqr'"),
     (["--method", "l1", "--ratio", "0.5", "--select", "kv"], "--select must be one of"),
+    (["--method", "qkscore", "--ratio", "0.5", "--selector-options", "swap=2"],
+     "selector 'qkscore': option 'swap=2' is not KEY=VALUE of an option it takes: swaps (default 0)"),
+    (["--method", "qkscore", "--ratio", "0.5", "--selector-options", "swaps=two"],
+     "selector 'qkscore': option swaps='two' is not an integer"),
+    (["--method", "l1", "--ratio", "0.5", "--selector-options", "swaps=2"], "takes: no options"),
+    (["--method", "drrqr", "--ratio", "0.5", "--budget", "global-aire", "--selector-options", "f=1.5"],
+     "--selector-options with --budget global-aire"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path, capsys, args, message):
     rc = main(["prune", str(CHECKPOINTS / "deltanet"), "--out", str(tmp_path / "o"), *args])

@@ -259,6 +259,7 @@ def run_prune(runner: Runner, name: str, config: dict) -> dict:
         budget=config.get("budget", "uniform"), budget_floor=config.get("budget_floor", 1),
         budget_granularity=config.get("budget_granularity", "layer"),
         allow_layer_removal=config.get("allow_layer_removal", False),
+        selector_options=config.get("selector_options"),
         multiple=config.get("multiple"), overwrite=True, data_dir=runner.data_dir))
     result = prune_result(record, folder, profile=runner.profile, experiment=runner.spec["experiment"], config=config)
     return _with_costs(runner, cell, config, folder, result)

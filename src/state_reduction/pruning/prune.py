@@ -68,6 +68,8 @@ class PruneConfig:
     allow_layer_removal: bool = field(default=False, metadata={
         "help": "global budgets with --budget-floor 0: a layer left with K'=0 loses its token mixer (the residual "
                 "passes through) instead of being refused"})
+    selector_options: str | None = field(default=None, metadata={
+        "help": "options of the key-channel selector, KEY=VALUE[,KEY=VALUE] (e.g. qkscore: swaps=4)"})
     power_of_two: bool = field(default=False, metadata={
         "help": "round kept channels down to a power of two (fla pads K to one on GPU)"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing --out"})
@@ -84,7 +86,7 @@ class PruneConfig:
                                                              "backward (memory only)", "type": positive_int})
 
     def validate(self) -> None:
-        get_selector(self.method)
+        get_selector(self.method).options(self.selector_options)
         if self.select not in MODES:
             raise InputError(f"--select must be one of {', '.join(MODES)}, got {self.select!r}")
         if not 0.0 <= self.ratio < 1.0:
@@ -99,6 +101,9 @@ class PruneConfig:
         check_granularity(self.budget_granularity)
         if self.budget != "uniform":
             check_scored_selector(self.method, self.budget)
+            if self.selector_options:
+                raise InputError(f"--selector-options with --budget {self.budget}: a global budget pools the "
+                                 f"selector's per-channel scores, which take no options")
             if self.power_of_two:
                 raise InputError(f"--power-of-two with --budget {self.budget}: a global budget rounds each layer's K' "
                                  "to --multiple; accepted: --multiple N")
@@ -111,7 +116,8 @@ class PruneConfig:
         out = asdict(self)
         if self.budget == "uniform" and self.budget_floor == 1:
             del out["budget"], out["budget_floor"]
-        for name, default in (("budget_granularity", "layer"), ("allow_layer_removal", False)):
+        for name, default in (("budget_granularity", "layer"), ("allow_layer_removal", False),
+                              ("selector_options", None)):
             if out[name] == default:  # the config keys of runs from before these options
                 del out[name]
         return out
@@ -178,6 +184,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     install_cpu_backend()
     config = load_config(cfg.model)
     selector = get_selector(cfg.method)
+    options = selector.options(cfg.selector_options)
     selector.check_family(get_adapter(config))  # a wrong or wrapper config fails before the weights load
     tokenizer = load_tokenizer(cfg.model)
     if selector.needs:
@@ -224,7 +231,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
         w_q, w_k = adapter.qk_weights(ref.module)
         k_layer = keep if budget is None else budget.key_dims[ref.layer]
         selections[ref.layer] = selector(SelectorInput(stats.get(ref.layer), w_q.detach(), w_k.detach(), k_layer,
-                                                       cfg.select, generator, ref.layer))
+                                                       cfg.select, generator, ref.layer), **options)
         del w_q, w_k  # views of the projection: the last mixer's unreduced weight would live through the surgery
     head_masks = head_keep_masks(budget, selections, scores) if budget is not None else {}
     lap("selection")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 import math
 import numbers
 import warnings
@@ -75,6 +76,30 @@ class Selector:
     def missing(self, adapter) -> str | None:
         """What `adapter`'s family lacks for this selector (None: it can be served)."""
         return self.serves(adapter) if self.serves is not None else None
+
+    def options(self, text: str | None) -> dict:
+        """Parse "KEY=VALUE[,KEY=VALUE]" (prune's --selector-options) into this selector's keyword options, each
+        converted to the type of its default (e.g. qkscore: swaps=4); an unknown key or a bad value is one line naming
+        the selector and what it takes."""
+        if not text:
+            return {}
+        known = {n: p.default for n, p in inspect.signature(self.fn).parameters.items()
+                 if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        takes = ", ".join(f"{n} (default {d!r})" for n, d in known.items()) or "no options"
+        out = {}
+        for item in text.split(","):
+            key, sep, value = (part.strip() for part in item.partition("="))
+            if not sep or key not in known:
+                raise InputError(f"selector {self.name!r}: option {item.strip()!r} is not KEY=VALUE of an option it "
+                                 f"takes: {takes}")
+            default = known[key]
+            kind = type(default) if default is not None else int
+            try:
+                out[key] = {"true": True, "false": False}[value.lower()] if kind is bool else kind(value)
+            except (KeyError, ValueError):
+                what = {bool: "true or false", int: "an integer", float: "a number"}.get(kind, kind.__name__)
+                raise InputError(f"selector {self.name!r}: option {key}={value!r} is not {what}") from None
+        return out
 
     def check_family(self, adapter) -> None:
         """One line naming the selector, the family and what is missing when the family cannot be served."""
