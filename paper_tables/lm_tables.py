@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -60,9 +61,11 @@ TINY_LONG_CONTEXT = [METRICS[k] for k in ("ruler_256_acc", "ruler_512_acc", "nia
 class Table:
     """The cells of one table on one profile: values by (model, method, ratio, rft) and the holes."""
 
-    def __init__(self, experiment: str | None, table: str, profile: str, results_root=None, seeds=None):
+    def __init__(self, experiment: str | None, table: str, profile: str, results_root=None, seeds=None,
+                 split: tuple[str, ...] = ()):
         experiment = table_spec.owner(table, experiment)
         self.experiment, self.table, self.profile, self.seeds = experiment, table, profile, seeds
+        self.split = split  # varied settings the layout shows as rows (LAYOUT_SPLITS): replicates count per value
         self.results_root, self._companions = results_root, {}
         self.spec = load_experiment(experiment)
         self.models, self.cells, self.rft_states = table_cells(self.spec, table, profile, seeds)
@@ -95,7 +98,7 @@ class Table:
         """The companion table whose cells a column reads (Metric.table), built once with its own seeds; its holes
         join this table's. Its models stand in row for row for this table's, so it lists as many."""
         if table not in self._companions:
-            other = Table(self.experiment, table, self.profile, self.results_root)
+            other = Table(self.experiment, table, self.profile, self.results_root, split=self.split)
             if len(other.models) != len(self.models):
                 raise TableSpecError(f"{table_spec.config_path(self.experiment)}: tables.{table} stands in row for "
                                      f"row for tables.{self.table}'s models, so it needs {len(self.models)} models "
@@ -135,8 +138,14 @@ class Table:
         return mean_ci(values).half_width if len(values) > 1 else None
 
     def replicates(self) -> list[int]:
-        """The number of replicates behind each cell that has results (the dense baseline excluded)."""
-        return sorted({len(runs) for (m, method, r, rft), runs in self.values.items() if method != "baseline"})
+        """The number of replicates behind each cell that has results (the dense baseline excluded); with `split`,
+        those of each value of the split settings apart (a row of the calibration_sources layout)."""
+        counts = set()
+        for (m, method, r, rft), runs in self.values.items():
+            if method != "baseline":
+                counts.update(Counter(tuple(dict(v).get(k, self.p["prune"].get(k)) for k in self.split)
+                                      for v in runs).values())
+        return sorted(counts)
 
     def cell(self, model, method, ratio, rft, metric, mark="", where: dict | None = None):
         """A table cell: (mean, mark, CI half-width or None)."""
@@ -361,20 +370,21 @@ def layout_calibration_sources(t: Table, metrics: list[Metric]):
 
 
 def plot_calibration_sources(t: Table, stem: Path) -> list[Path]:
-    """One panel per (column, model): the column's value by calibration source, a bar per method with the 95%
-    t-interval over the calibration draws, the dense model dashed."""
+    """One panel per (column, model, ratio): the column's value by calibration source, a bar per method with the
+    95% t-interval over the calibration draws, the dense model dashed."""
     metrics = table_spec.render_spec(t.spec, t.table, t.profile, LAYOUTS, t.experiment)["columns"]
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sources, ratio = calibration_sources(t), min(t.ratios)
-    fig, axes = plt.subplots(len(metrics), len(t.models), figsize=(3.4 * len(t.models), 2.6 * len(metrics)),
+    sources = calibration_sources(t)
+    panels = [(model, ratio) for model in t.models for ratio in sorted(t.ratios)]
+    fig, axes = plt.subplots(len(metrics), len(panels), figsize=(3.0 * len(panels), 2.5 * len(metrics)),
                              squeeze=False)
     width = 0.8 / len(t.methods)
     for row, metric in zip(axes, metrics):
-        for ax, model in zip(row, t.models):
+        for ax, (model, ratio) in zip(row, panels):
             for j, method in enumerate(t.methods):
                 xs, ys, errs = [], [], []
                 for i, source in enumerate(sources):
@@ -390,7 +400,7 @@ def plot_calibration_sources(t: Table, stem: Path) -> list[Path]:
                 ax.axhline(base, color="k", ls="--", lw=1, label="dense")
             ax.set_xticks(range(len(sources)), sources)
             ax.set_xlabel("calibrated on", fontsize=7)
-            ax.set_title(f"{model}, {_pct(ratio)}: {_plain(metric.label)}", fontsize=8)
+            ax.set_title(f"{model}, {_pct(ratio)}: {_plain(metric.label)}", fontsize=7)
             if metric.lower_is_better:
                 ax.set_yscale("log")
     axes[0][0].legend(fontsize=7)
@@ -398,12 +408,13 @@ def plot_calibration_sources(t: Table, stem: Path) -> list[Path]:
     fig.tight_layout()
     return save_figure(fig, stem)
 
-
 # the layouts a table's `render: {layout: ...}` may name (paper_tables/spec.py)
 LAYOUTS = {"pre_post": layout_pre_post, "ratios_post": layout_ratios_post, "zero_shot": layout_zero_shot,
            "method_columns": layout_method_columns, "models_ratios": layout_models_ratios,
            "ratio_zero_shot": layout_ratio_zero_shot, "configurations": layout_configurations,
            "selector_increase": layout_selector_increase, "calibration_sources": layout_calibration_sources}
+# layouts whose rows are the values of a varied setting (the others average a cell over all its replicates)
+LAYOUT_SPLITS = {"calibration_sources": ("calib",)}
 # layouts with their own figure (the others: `plot`)
 PLOTS = {"selector_increase": plot_increase, "calibration_sources": plot_calibration_sources}
 # the metrics set beside the paper's, where the paper's rows have them
@@ -546,7 +557,7 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
            out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False, seeds=None) -> dict:
     experiment = table_spec.owner(table, experiment)
     layout = table_spec.render_spec(load_experiment(experiment), table, profile, LAYOUTS, experiment)
-    t = Table(experiment, table, profile, results_root, seeds)
+    t = Table(experiment, table, profile, results_root, seeds, split=LAYOUT_SPLITS.get(layout["layout"], ()))
     header, rows = LAYOUTS[layout["layout"]](t, layout["columns"])
     # e.g. Table 12's long-context columns, until a suite measures them
     empty = [h for j, h in enumerate(header)

@@ -157,4 +157,6 @@ def test_calibration_sources_layout_keeps_each_sources_draws_apart(tmp_path):
     assert rows[("50%", "mqar", "Grad")] == ["1401.0 ± 2.5", "2802.0 ± 5.0", "**28.0 ± 0.0**", "**14.0 ± 0.0**"]
     assert rows[("0%", "--", "Baseline")] == ["16.0", "32.0", "0.3", "0.2"]
     assert [k[1] for k in rows if k[2] == "DRRQR"] == ["ptb", "books", "mqar"] * 2  # two models
+    md = written["md"].read_text()
+    assert "over 3 replicates per cell" in md and "over 3 replicates per reduced cell" in md  # per source, not 9
     assert written["figures"] and all(p.is_file() for p in written["figures"])
