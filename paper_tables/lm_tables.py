@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -60,9 +61,11 @@ TINY_LONG_CONTEXT = [METRICS[k] for k in ("ruler_256_acc", "ruler_512_acc", "nia
 class Table:
     """The cells of one table on one profile: values by (model, method, ratio, rft) and the holes."""
 
-    def __init__(self, experiment: str | None, table: str, profile: str, results_root=None, seeds=None):
+    def __init__(self, experiment: str | None, table: str, profile: str, results_root=None, seeds=None,
+                 split: tuple[str, ...] = ()):
         experiment = table_spec.owner(table, experiment)
         self.experiment, self.table, self.profile, self.seeds = experiment, table, profile, seeds
+        self.split = split  # varied settings the layout shows as rows (LAYOUT_SPLITS): replicates count per value
         self.results_root, self._companions = results_root, {}
         self.spec = load_experiment(experiment)
         self.models, self.cells, self.rft_states = table_cells(self.spec, table, profile, seeds)
@@ -95,7 +98,7 @@ class Table:
         """The companion table whose cells a column reads (Metric.table), built once with its own seeds; its holes
         join this table's. Its models stand in row for row for this table's, so it lists as many."""
         if table not in self._companions:
-            other = Table(self.experiment, table, self.profile, self.results_root)
+            other = Table(self.experiment, table, self.profile, self.results_root, split=self.split)
             if len(other.models) != len(self.models):
                 raise TableSpecError(f"{table_spec.config_path(self.experiment)}: tables.{table} stands in row for "
                                      f"row for tables.{self.table}'s models, so it needs {len(self.models)} models "
@@ -104,35 +107,50 @@ class Table:
             self.missing += other.missing
         return self._companions[table]
 
-    def samples(self, model, method, ratio, rft, metric) -> list[float]:
+    def samples(self, model, method, ratio, rft, metric, where: dict | None = None) -> list[float]:
         """The metric of every replicate of the cell (scaled), in replicate order; finite values only. A column read
-        from a companion table (Metric.table) takes the same cell of the companion's model in this model's place."""
+        from a companion table (Metric.table) takes the same cell of the companion's model in this model's place.
+        `where` keeps the replicates whose pruning settings have these values (a setting a replicate does not vary
+        is the profile's own), e.g. {"calib": "books"}: one calibration source of a table that varies it."""
         if metric.table is not None:
             other = self.companion(metric.table)
-            return other.samples(other.models[self.models.index(model)], method, ratio, rft, metric.of_table(None))
+            return other.samples(other.models[self.models.index(model)], method, ratio, rft, metric.of_table(None),
+                                 where)
         ratio = 0.0 if method in ("baseline", CONTROL) else ratio
         key, scale = metric.id, metric.scale
         runs = self.values.get((model, method, ratio, rft), {})
-        values = [runs[v].get(key) for v in sorted(runs, key=str)]
+        kept = sorted((v for v in runs if method in ("baseline", CONTROL) or self._agrees(v, where)), key=str)
+        values = [runs[v].get(key) for v in kept]
         return [v * scale for v in values if v is not None and math.isfinite(v)]
 
-    def get(self, model, method, ratio, rft, metric):
+    def _agrees(self, vary: tuple, where: dict | None) -> bool:
+        settings = dict(vary)
+        return all(settings.get(k, self.p["prune"].get(k)) == v for k, v in (where or {}).items())
+
+    def get(self, model, method, ratio, rft, metric, where: dict | None = None):
         """The mean over the cell's replicates (None: no result)."""
-        values = self.samples(model, method, ratio, rft, metric)
+        values = self.samples(model, method, ratio, rft, metric, where)
         return sum(values) / len(values) if values else None
 
-    def half_width(self, model, method, ratio, rft, metric):
+    def half_width(self, model, method, ratio, rft, metric, where: dict | None = None):
         """Half-width of the 95% t-interval over replicates; None with fewer than two."""
-        values = self.samples(model, method, ratio, rft, metric)
+        values = self.samples(model, method, ratio, rft, metric, where)
         return mean_ci(values).half_width if len(values) > 1 else None
 
     def replicates(self) -> list[int]:
-        """The number of replicates behind each cell that has results (the dense baseline excluded)."""
-        return sorted({len(runs) for (m, method, r, rft), runs in self.values.items() if method != "baseline"})
+        """The number of replicates behind each cell that has results (the dense baseline excluded); with `split`,
+        those of each value of the split settings apart (a row of the calibration_sources layout)."""
+        counts = set()
+        for (m, method, r, rft), runs in self.values.items():
+            if method != "baseline":
+                counts.update(Counter(tuple(dict(v).get(k, self.p["prune"].get(k)) for k in self.split)
+                                      for v in runs).values())
+        return sorted(counts)
 
-    def cell(self, model, method, ratio, rft, metric, mark=""):
+    def cell(self, model, method, ratio, rft, metric, mark="", where: dict | None = None):
         """A table cell: (mean, mark, CI half-width or None)."""
-        return (self.get(model, method, ratio, rft, metric), mark, self.half_width(model, method, ratio, rft, metric))
+        return (self.get(model, method, ratio, rft, metric, where), mark,
+                self.half_width(model, method, ratio, rft, metric, where))
 
     def model_label(self, key: str) -> str:
         names = self.p["models"][key]["stands_for"]
@@ -323,13 +341,82 @@ def plot_increase(t: Table, stem: Path) -> list[Path]:
     return save_figure(fig, stem)
 
 
+def calibration_sources(t: Table) -> list[str]:
+    """The calibration sources of the table's cells (its `vary: calib`, else the profile's corpus), in order."""
+    default = t.p["prune"]["calib"]
+    return list(dict.fromkeys(dict(c.vary).get("calib", default) for c in t.cells))
+
+
+def layout_calibration_sources(t: Table, metrics: list[Metric]):
+    """Distribution shift (issue 15 item 6): per model the dense baseline, then per ratio and calibration source each
+    method (pre-RFT). Each column is one evaluation domain, so the rows calibrated on one source read as evaluated on
+    the others; mean ± 95% CI over the replicate seeds (calibration draws); best bold among the methods of a row
+    group."""
+    header = ["Model", "Compr.", "Calibration", "Method"] + [m.label for m in metrics]
+    rows = []
+    for model in t.models:
+        rows.append([t.model_label(model), "0%", "--", "Baseline"]
+                    + [t.cell(model, "baseline", 0.0, False, m) for m in metrics])
+        for ratio in sorted(t.ratios):
+            for source in calibration_sources(t):
+                where = {"calib": source}
+                marks = {m.id: dict(zip(t.methods, rank_marks([t.get(model, meth, ratio, False, m, where)
+                                                                for meth in t.methods], m.lower_is_better)))
+                         for m in metrics}
+                for method in t.methods:
+                    rows.append(["", _pct(ratio), source, METHOD_NAMES[method]]
+                                + [t.cell(model, method, ratio, False, m, marks[m.id][method], where) for m in metrics])
+    return header, rows
+
+
+def plot_calibration_sources(t: Table, stem: Path) -> list[Path]:
+    """One panel per (column, model, ratio): the column's value by calibration source, a bar per method with the
+    95% t-interval over the calibration draws, the dense model dashed."""
+    metrics = table_spec.render_spec(t.spec, t.table, t.profile, LAYOUTS, t.experiment)["columns"]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sources = calibration_sources(t)
+    panels = [(model, ratio) for model in t.models for ratio in sorted(t.ratios)]
+    fig, axes = plt.subplots(len(metrics), len(panels), figsize=(3.0 * len(panels), 2.5 * len(metrics)),
+                             squeeze=False)
+    width = 0.8 / len(t.methods)
+    for row, metric in zip(axes, metrics):
+        for ax, (model, ratio) in zip(row, panels):
+            for j, method in enumerate(t.methods):
+                xs, ys, errs = [], [], []
+                for i, source in enumerate(sources):
+                    v = t.get(model, method, ratio, False, metric, {"calib": source})
+                    if v is not None:
+                        xs.append(i + (j - (len(t.methods) - 1) / 2) * width)
+                        ys.append(v)
+                        errs.append(t.half_width(model, method, ratio, False, metric, {"calib": source}) or 0.0)
+                if xs:
+                    ax.bar(xs, ys, width, yerr=errs, capsize=3, label=METHOD_NAMES[method])
+            base = t.get(model, "baseline", 0.0, False, metric)
+            if base is not None:
+                ax.axhline(base, color="k", ls="--", lw=1, label="dense")
+            ax.set_xticks(range(len(sources)), sources)
+            ax.set_xlabel("calibrated on", fontsize=7)
+            ax.set_title(f"{model}, {_pct(ratio)}: {_plain(metric.label)}", fontsize=7)
+            if metric.lower_is_better:
+                ax.set_yscale("log")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{t.table}, {t.profile} profile: mean ± 95% CI over calibration draws", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, stem)
+
 # the layouts a table's `render: {layout: ...}` may name (paper_tables/spec.py)
 LAYOUTS = {"pre_post": layout_pre_post, "ratios_post": layout_ratios_post, "zero_shot": layout_zero_shot,
            "method_columns": layout_method_columns, "models_ratios": layout_models_ratios,
            "ratio_zero_shot": layout_ratio_zero_shot, "configurations": layout_configurations,
-           "selector_increase": layout_selector_increase}
+           "selector_increase": layout_selector_increase, "calibration_sources": layout_calibration_sources}
+# layouts whose rows are the values of a varied setting (the others average a cell over all its replicates)
+LAYOUT_SPLITS = {"calibration_sources": ("calib",)}
 # layouts with their own figure (the others: `plot`)
-PLOTS = {"selector_increase": plot_increase}
+PLOTS = {"selector_increase": plot_increase, "calibration_sources": plot_calibration_sources}
 # the metrics set beside the paper's, where the paper's rows have them
 COMPARED = [WIKI, LMB, ZS] + [METRICS[k] for k in ACCURACIES["paper"]] + LONG_CONTEXT + TINY_LONG_CONTEXT
 
@@ -470,7 +557,7 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
            out_root: Path | None = None, figures_root: Path | None = None, quiet: bool = False, seeds=None) -> dict:
     experiment = table_spec.owner(table, experiment)
     layout = table_spec.render_spec(load_experiment(experiment), table, profile, LAYOUTS, experiment)
-    t = Table(experiment, table, profile, results_root, seeds)
+    t = Table(experiment, table, profile, results_root, seeds, split=LAYOUT_SPLITS.get(layout["layout"], ()))
     header, rows = LAYOUTS[layout["layout"]](t, layout["columns"])
     # e.g. Table 12's long-context columns, until a suite measures them
     empty = [h for j, h in enumerate(header)

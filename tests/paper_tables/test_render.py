@@ -124,3 +124,39 @@ def test_one_make_rule_renders_every_table_and_figure():
                              cwd=root, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, (target, out.stderr)
         assert f"state-reduction render {target} --profile tiny --run" in out.stdout, (target, out.stdout)
+
+
+def test_calibration_sources_layout_keeps_each_sources_draws_apart(tmp_path):
+    """experiments/distribution_shift's table shift: one row group per calibration source, each the mean ± 95% CI of
+    that source's draws only (the replicates of a cell span every source); the MQAR columns read the companion
+    table shift_mqar (the same cells scored by tiny_mqar)."""
+    from state_reduction.pipeline import plan_table
+    from state_reduction.results import build_result, write_result
+
+    root = tmp_path / "results"
+    level = {"ptb": 100.0, "books": 200.0, "mqar": 400.0}
+    for table in ("shift", "shift_mqar"):
+        plan = plan_table(None, table, "tiny", stages=("baseline", "eval-pre"))
+        for jobs in plan["stages"].values():
+            for name, config in jobs:
+                vary = config.get("vary", {})
+                v = 16.0 if config["method"] == "baseline" else \
+                    level[vary.get("calib", "ptb")] + vary.get("seed", 0) + (1000.0 if config["method"] == "grad" else 0)
+                metrics = ({"wiki_word_perplexity": v, "ptb_word_perplexity": 2 * v} if config["suite"] == "tiny_ppl"
+                           else {"mqar_32_p6_acc": v / 5000, "mqar_32_p8_acc": v / 10000})
+                write_result(root / "tiny" / plan["experiment"] / f"{name}.json",
+                             build_result("evaluate", profile="tiny", experiment=plan["experiment"], config=config,
+                                          metrics=metrics, wall_time_s=0.0))
+    written = paper_tables.render("shift", "tiny", results_root=root, out_root=tmp_path / "out",
+                                  figures_root=tmp_path / "fig", quiet=True)
+    assert written["missing"] == []
+    rows = {tuple(c.strip() for c in line.split("|")[2:5]): [c.strip() for c in line.split("|")[5:-1]]
+            for line in written["md"].read_text().splitlines() if line.startswith("|") and "---" not in line}
+    # draws 0, 1, 2 of a source: mean + 1, half-width t(0.975, 2) / sqrt(3) = 2.5
+    assert rows[("50%", "books", "DRRQR")] == ["**201.0 ± 2.5**", "**402.0 ± 5.0**", "4.0 ± 0.0", "2.0 ± 0.0"]
+    assert rows[("50%", "mqar", "Grad")] == ["1401.0 ± 2.5", "2802.0 ± 5.0", "**28.0 ± 0.0**", "**14.0 ± 0.0**"]
+    assert rows[("0%", "--", "Baseline")] == ["16.0", "32.0", "0.3", "0.2"]
+    assert [k[1] for k in rows if k[2] == "DRRQR"] == ["ptb", "books", "mqar"] * 2  # two models
+    md = written["md"].read_text()
+    assert "over 3 replicates per cell" in md and "over 3 replicates per reduced cell" in md  # per source, not 9
+    assert written["figures"] and all(p.is_file() for p in written["figures"])

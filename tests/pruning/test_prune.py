@@ -205,3 +205,31 @@ def test_grad_calibration_micro_batches_equal_one_forward(monkeypatch):
     for layer in one:
         torch.testing.assert_close(micro[layer].saliency_q, one[layer].saliency_q, rtol=1e-4, atol=1e-8)
         torch.testing.assert_close(micro[layer].saliency_k, one[layer].saliency_k, rtol=1e-4, atol=1e-8)
+
+
+def test_mqar_calibration_is_recorded_and_seeded(tmp_path):
+    """Issue 15 item 6: `--calib mqar` calibrates a recall model on MQAR sequences of its training settings; the
+    record names the generator and hashes the sequences (no corpus file exists); the draw follows --seed."""
+    model = CHECKPOINTS / "deltanet_mqar"
+    runs = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        assert main(["prune", str(model), "--method", "grad", "--ratio", "0.5", "--calib", "mqar", "--n-calib", "8",
+                     "--seq-len", "32", "--seed", str(seed), "--out", str(tmp_path / name)]) == 0
+        runs[name] = json.loads((tmp_path / name / "selection.json").read_text())
+    cal = runs["a"]["calibration"]
+    assert cal["corpus"] == "mqar" and cal["sha256"] is None and cal["tokens"] == 8 * 32
+    assert cal["generator"]["max_pairs"] == 8 and cal["generator"]["vocab"]["first"] == 1024
+    assert cal == runs["b"]["calibration"] and runs["a"]["selection"] == runs["b"]["selection"]
+    assert cal["sequences_sha256"] != runs["c"]["calibration"]["sequences_sha256"]
+    from state_reduction.results import read_result
+
+    assert read_result(tmp_path / "a" / "prune_result.json")["data"] == {"mqar": cal["sequences_sha256"]}
+
+
+def test_mqar_calibration_of_a_text_model_is_one_line(tmp_path, capsys):
+    rc = main(["prune", str(CHECKPOINTS / "deltanet"), "--method", "drrqr", "--ratio", "0.5", "--calib", "mqar",
+               "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert str(CHECKPOINTS / "deltanet") in err and "`mqar:` section" in err
+    assert not (tmp_path / "o").exists()

