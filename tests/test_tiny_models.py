@@ -39,8 +39,9 @@ def unigram_counts(tokenizer):
 
 def test_checkpoints_fit_the_size_budget():
     total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
-    # six text models of ~8.5 MiB and six recall models (*_mqar) of ~3 MiB, with room for two more recall models
-    assert total <= 76 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 76 MiB"
+    # six text models of ~8.5 MiB and twelve recall models (*_mqar, three pretraining seeds per family) of ~3 MiB
+    # (85.7 MiB in all), with room for two more recall models
+    assert total <= 92 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 92 MiB"
 
 
 def test_tokenizer_is_byte_level_bpe_of_about_8k(tokenizer):

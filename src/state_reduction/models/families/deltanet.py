@@ -49,5 +49,5 @@ FAMILY = ModelFamily(
     presets={"dn-1.3b": {"hidden_size": 2048, "num_heads": 16, "expand_k": 1.0, "expand_v": 1.0,
                          "num_hidden_layers": 24, "vocab_size": 32000, "hidden_ratio": 4}},
     tiny_checkpoints=("deltanet",),
-    recall_checkpoints=("deltanet_mqar", "deltanet_mqar_s1"),
+    recall_checkpoints=("deltanet_mqar", "deltanet_mqar_s1", "deltanet_mqar_s9"),
 )
