@@ -38,9 +38,29 @@ def test_fused_step_equals_the_loop_and_the_chunked_form_and_leaves_h0_alone(K, 
         torch.testing.assert_close(ht, ht_ref, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize('HV', [5, 10])  # 10: GVA, two value heads read each key head
+@pytest.mark.parametrize('K', [32, 24])
 @pytest.mark.parametrize('v_first', [True, False])
-def test_fused_float32_step_is_as_close_to_float64_as_the_torch_step(v_first):
-    x64 = _inputs(32, 16, 3, True)
+def test_fused_step_takes_the_kernels_l2_norm_itself_and_equals_the_torch_step(HV, K, v_first):
+    x = make_inputs(B=3, T=4, H=5, HV=HV, K=K, V=9)
+    x['q'][0, 0, 0] = 0  # a zero row: sqrt(0 + eps), as delta_rule.l2norm
+    h0 = x['h0'].transpose(-1, -2).contiguous() if v_first else x['h0']
+    kwargs = dict(g=x['a'], beta=x['b'], use_gate_in_kernel=True, A_log=x['A_log'], dt_bias=x['dt_bias'],
+                  use_beta_sigmoid_in_kernel=True, use_qk_l2norm_in_kernel=True, initial_state=h0,
+                  output_final_state=True, state_v_first=v_first)
+    runs = {}
+    for kernel in ('torch', 'fused'):
+        with use_kernel(kernel):
+            runs[kernel] = recurrent_gated_delta_rule_torch(x['q'], x['k'], x['v'], **kwargs)
+    for fast, ref in zip(runs['fused'], runs['torch'], strict=True):
+        torch.testing.assert_close(fast, ref, atol=ATOL, rtol=0)
+
+
+# V 16 and 13: float32 V-first rows go eight at a time (AVX2), then one by one for the rest; K 24 is a general one
+@pytest.mark.parametrize('K,V', [(32, 16), (16, 13), (64, 8), (24, 21)])
+@pytest.mark.parametrize('v_first', [True, False])
+def test_fused_float32_step_is_as_close_to_float64_as_the_torch_step(v_first, K, V):
+    x64 = _inputs(K, V, 3, True)
     x32 = {n: t.float() for n, t in x64.items()}
 
     def run(x, kernel):

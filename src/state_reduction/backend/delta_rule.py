@@ -233,9 +233,12 @@ def run_delta_rule(
     if initial_state is not None and initial_state.shape[0] != n_seq:
         raise ValueError(f"{function}: initial_state has {initial_state.shape[0]} states for {n_seq} sequences.")
 
+    inference = not (torch.is_grad_enabled() and any(x is not None and x.requires_grad
+                                                     for x in (q, k, v, beta, g, initial_state)))
+    fused = chunk_size is None and inference and q.device.type == "cpu" and selected_kernel() == "fused"
     dtype = compute_dtype(q.dtype)
     q, k, v = (x.to(dtype) for x in (q, k, v))
-    if use_qk_l2norm_in_kernel:
+    if use_qk_l2norm_in_kernel and not fused:  # the fused step normalises q and k rows itself (it commutes with GVA)
         q, k = l2norm(q), l2norm(k)
     if HV != H:
         # GVA: value head i reads key/query head i // (HV // H)
@@ -262,13 +265,12 @@ def run_delta_rule(
         h0 = q.new_zeros(q.shape[0], HV, V, K) if state_v_first else q.new_zeros(q.shape[0], HV, K, V)
     else:
         h0 = initial_state.to(dtype)
-    tensors = (q, k, v, beta, h0) + (() if g is None else (g,))
-    inference = not (torch.is_grad_enabled() and any(x.requires_grad for x in tensors))
 
     if chunk_size is None and inference:
-        if q.device.type == "cpu" and selected_kernel() == "fused":
+        if fused:
             ht = STATE_BUFFERS.empty(h0.shape, h0.dtype, h0.device)
-            o, ht = fused_recurrent_scan(q, k, v, beta, g, h0, scale, state_v_first, ht)
+            o, ht = fused_recurrent_scan(q, k, v, beta, g, h0, scale, state_v_first, ht,
+                                         l2norm_eps=L2NORM_EPS if use_qk_l2norm_in_kernel else None)
         else:
             o, ht = _recurrent_scan_inplace(q, k, v, beta, g, h0, scale, v_first=state_v_first)
         state_v_first = False  # ht is already in the caller's layout
