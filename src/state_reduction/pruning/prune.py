@@ -20,7 +20,7 @@ from state_reduction.errors import InputError
 from state_reduction.evaluation.longctx import check_length_option
 from state_reduction.models.families import get_adapter
 from state_reduction.options import length_int, nonnegative_int, positive_int
-from state_reduction.peak_memory import host_peak_rss_bytes, peak_memory_bytes
+from state_reduction.peak_memory import host_peak_rss_bytes, host_rss_bytes, peak_memory_bytes
 from state_reduction.provenance import collect_provenance
 from state_reduction.pruning.budgets import (
     BUDGETS,
@@ -202,6 +202,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
     keep = keep_count(K, cfg.ratio, cfg.multiple, cfg.power_of_two)
     state_before = adapter.state_bytes_per_sequence(model.config)
     lap("load")
+    rss_after_load = host_rss_bytes()  # what calibration and selection add is measured above this (bench selectors)
 
     stats, calibration = {}, None
     needs = selector.needs | ({"dynamics"} if cfg.budget == "global-last" else set())
@@ -235,6 +236,7 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
         del w_q, w_k  # views of the projection: the last mixer's unreduced weight would live through the surgery
     head_masks = head_keep_masks(budget, selections, scores) if budget is not None else {}
     lap("selection")
+    peak_through_selection = host_peak_rss_bytes()
     reduce_model(model, selections, removed_mixers=removed)
     for ref in adapter.mixers(model):
         if ref.layer in head_masks:
@@ -254,6 +256,9 @@ def prune(cfg: PruneConfig, write_extra: Callable[[Path, dict], None] | None = N
         "selection_rotations": "selection_rotations.safetensors" if rotations else None,
         "calibration": calibration,
         "device": str(device), "compute_dtype": str(run_dtype), "saved_dtype": str(saved_dtype),
+        # the process's resident memory after loading the model, and its peak up to the end of the selection (a
+        # process's own only in a fresh one: a pipeline worker's peak carries its earlier tasks')
+        "host_memory": {"rss_after_load_bytes": rss_after_load, "peak_rss_through_selection_bytes": peak_through_selection},
         "provenance": collect_provenance(),
     }
     if budget is not None:  # issue 17: each layer's K', and the totals against the uniform budget's

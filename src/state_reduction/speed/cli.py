@@ -1,4 +1,4 @@
-"""`state-reduction bench {calibration,decode,prefill,mixer,recurrence,state-memory,pipeline}`."""
+"""`state-reduction bench {calibration,decode,prefill,mixer,recurrence,state-memory,pipeline,selectors}`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from state_reduction.atomic import write_json_atomic
+from state_reduction.atomic import write_json_atomic, write_text_atomic
 from state_reduction.errors import InputError, MissingInputError
 from state_reduction.models import build_config, register_auto_classes
 from state_reduction.models.families import get_adapter
@@ -21,12 +21,13 @@ from state_reduction.results import build_result, results_dir, write_result
 from state_reduction.speed import benchmarks as sb
 from state_reduction.speed.benchmarks import BenchError
 from state_reduction.speed.models import PRESETS
+from state_reduction.speed.selector_cost import bench_selectors, format_selectors, selectors_markdown
 from state_reduction.speed.state_bytes import DTYPES, parse_bytes, state_memory_rows
 from state_reduction.speed.timing import TimingProtocol
 
 TINY_CHECKPOINTS = REPO_ROOT / "experiments" / "tiny_models" / "checkpoints"
 
-MODES = ("calibration", "decode", "prefill", "mixer", "recurrence", "state-memory", "pipeline")
+MODES = ("calibration", "decode", "prefill", "mixer", "recurrence", "state-memory", "pipeline", "selectors")
 DEFAULT_MODEL = str(TINY_CHECKPOINTS / "gated_deltanet")
 
 
@@ -100,6 +101,8 @@ def _cmd_bench(args) -> int:
         return _cmd_calibration(args)
     if args.mode == "pipeline":
         return _cmd_pipeline(args)
+    if args.mode == "selectors":
+        return _cmd_selectors(args)
     ratios = tuple(args.ratios)
     if args.mode == "state-memory":
         record = _state_memory_record(args)
@@ -168,7 +171,7 @@ def _cmd_pipeline(args) -> int:
     from state_reduction.results import results_dir, write_result
     from state_reduction.speed.cell_profile import bench_pipeline, format_pipeline
 
-    record = bench_pipeline(args.experiment, args.cell_model, args.method, args.ratios[0], profile=args.profile,
+    record = bench_pipeline(args.experiment or "deltanet_gdn", args.cell_model, args.method, args.ratios[0], profile=args.profile,
                             limit=args.limit)
     print(format_pipeline(record))
     out = Path(args.out) if args.out else (results_dir(args.profile, "speed", args.results_root)
@@ -186,6 +189,23 @@ def _cmd_calibration(args) -> int:
     if args.out:
         write_json_atomic(args.out, {"kind": "bench", "mode": "calibration", "model": args.model, "rows": rows,
                                      "provenance": collect_provenance()})
+    return 0
+
+
+def _cmd_selectors(args) -> int:
+    experiment = args.experiment or "selector_benchmark"
+    record = bench_selectors(experiment=experiment, table=args.table or experiment, profile=args.profile,
+                             methods=args.methods, models=args.cell_models, threads=args.threads,
+                             progress=lambda r: print(f"  {r['model']} {r['method']}: {r['status']}", flush=True))
+    print(f"selection cost, {record['table']} of {experiment} ({args.profile}), ratio {record['ratio']}, "
+          f"one fresh prune process per cell, {args.threads} thread(s)")
+    print(format_selectors(record))
+    out = Path(args.out) if args.out else Path(args.results_root) / args.profile / experiment / "selector_cost.json"
+    write_json_atomic(out, record)
+    print(f"-> {out}")
+    if args.markdown:
+        write_text_atomic(Path(args.markdown), selectors_markdown(record))
+        print(f"-> {args.markdown}")
     return 0
 
 
@@ -233,7 +253,13 @@ def register(sub) -> None:
     be.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128, 512], help="calibration: numbers of sequences")
     be.add_argument("--batch-size", type=positive_int, default=8, help="calibration batch")
     be.add_argument("--calib", default="books", help="calibration corpus (books has the most calibration tokens)")
-    be.add_argument("--experiment", default="deltanet_gdn", help="pipeline: the experiment whose cell is timed")
+    be.add_argument("--experiment", default=None, help="pipeline: the experiment whose cell is timed (default "
+                    "deltanet_gdn); selectors: the experiment whose table is costed (default selector_benchmark)")
+    be.add_argument("--table", default=None, help="selectors: the table whose models and selectors are costed "
+                    "(default: the table named as the experiment)")
+    be.add_argument("--methods", nargs="+", default=None, help="selectors: a subset of the table's selectors")
+    be.add_argument("--cell-models", nargs="+", default=None, help="selectors: a subset of the table's model keys")
+    be.add_argument("--markdown", default=None, help="selectors: also write the cost table as Markdown here")
     be.add_argument("--cell-model", default="deltanet", help="pipeline: the cell's model key in the experiment")
     be.add_argument("--method", default="drrqr", help="pipeline: the cell's selector (first of --ratios is its ratio)")
     be.add_argument("--limit", type=float, default=None,
