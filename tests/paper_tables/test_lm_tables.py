@@ -154,3 +154,42 @@ def test_selector_increase_layout_shows_the_increase_over_dense_with_the_seed_in
     assert by["QK-score (ours)"][3] == f"**111.0 ± {hw:.1f}**" and by["QK-score (ours)"][4] == f"**11.0 ± {hw:.1f}**"
     assert by["DRRQR"][4].startswith("28.0 ± ") and body[0][2:5] == ["Baseline", "100.0", "0.0"]
     assert all(p.stat().st_size > 0 for p in out["figures"])
+
+
+def test_selector_increase_with_post_rft_cells_measures_them_from_the_dense_rft_control(tmp_path):
+    """selector_benchmark (pre- and post-RFT, control: true): Post-RFT columns whose increase is over the dense+RFT
+    control, a Dense+RFT row, and a second row of figure panels."""
+    from state_reduction.results import config_key
+    from state_reduction.stats import mean_ci
+
+    results = tmp_path / "results"
+    folder = results / "tiny" / "selector_benchmark"
+    base = {"experiment": "selector_benchmark", "model": "deltanet", "suite": "tiny_wiki", "batch_size": 8,
+            "max_length": 256, "limit": None}
+    records = [("dense", {**base, "stage": "baseline", "method": "baseline", "ratio": 0.0, "rft": False}, 100.0),
+               ("control", {**base, "stage": "eval-post", "method": "dense", "ratio": 0.0, "rft": True}, 90.0)]
+    pre, post = [110.0, 112.0, 111.0], [95.0, 96.0, 98.0]
+    for rft, vs in ((False, pre), (True, post)):
+        for seed, v in enumerate(vs):
+            vary = {"vary": {"seed": seed}} if seed else {}
+            records.append((f"qk-{rft}-{seed}", {**base, "stage": "eval-post" if rft else "eval-pre", "method": "qkscore",
+                                                 "ratio": 0.5, "rft": rft, **vary}, v))
+    for name, config, v in records:
+        r = build_result("evaluate", profile="tiny", experiment="selector_benchmark", config=config,
+                         metrics={"wiki_word_perplexity": v}, wall_time_s=1.0)
+        r["config_key"] = config_key(config)
+        write_result(folder / f"{name}.json", r)
+    out = lm_tables.render("selector_benchmark", "tiny", results_root=results, out_root=tmp_path / "out",
+                           figures_root=tmp_path / "figures", quiet=True)
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in out["md"].read_text().splitlines()
+            if ln.startswith("|") and "---" not in ln]
+    header, body = rows[0], rows[1:]
+    assert header == ["Model", "Compr.", "Method", "Pre-RFT Wiki ↓", "Pre-RFT increase Wiki ↓", "Post-RFT Wiki ↓",
+                      "Post-RFT increase Wiki ↓ over dense+RFT"]
+    assert body[0][2:] == ["Baseline", "100.0", "0.0", "--", "--"]
+    assert body[1][2:] == ["Dense+RFT", "--", "--", "90.0", "0.0"]
+    qk = body[2]
+    assert qk[1:3] == ["50%", "QK-score (ours)"]
+    hw_pre, hw_post = (mean_ci(v).half_width for v in (pre, post))
+    assert qk[4] == f"**11.0 ± {hw_pre:.1f}**" and qk[6] == f"**6.3 ± {hw_post:.1f}**"  # 96.33 - 90
+    assert all(p.stat().st_size > 0 for p in out["figures"])
