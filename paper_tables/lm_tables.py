@@ -35,7 +35,7 @@ from state_reduction.pipeline import (
     table_methods,
     table_seeds,
 )
-from state_reduction.stats import mean_ci
+from state_reduction.stats import diff_ci, mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "paper_tables" / "reference_data"
@@ -333,9 +333,22 @@ def layout_selector_increase(t: Table, metrics: list[Metric]):
                                                  _column_marks(t, model, ratio, rft, m)[method])
                         base = ref[(rft, m.id)]
                         rise = None if value is None or base is None else value - base
+                        if rise is not None and reference(rft) == CONTROL:
+                            # the control is replicated by seed too: the interval of the seed-paired difference
+                            rise, hw = _paired_increase(t, model, method, ratio, m)
                         cells += [(value, mark, hw), (rise, mark, hw)]
                 rows.append(cells)
     return header, rows
+
+
+def _paired_increase(t: Table, model, method, ratio, metric) -> tuple[float, float | None]:
+    """A post-RFT cell minus the dense+RFT control: mean and 95% half-width of the difference, paired by replicate
+    (the same seed drives both RFT runs) when both have the same replicates, else Welch's."""
+    a, b = t.samples(model, method, ratio, True, metric), t.samples(model, CONTROL, 0.0, True, metric)
+    ci = diff_ci(a, b, paired=len(a) == len(b) > 1) if len(a) > 1 and len(b) > 1 else None
+    if ci is None:
+        return sum(a) / len(a) - sum(b) / len(b), None
+    return ci.mean, ci.half_width
 
 
 def plot_increase(t: Table, stem: Path) -> list[Path]:
@@ -355,9 +368,14 @@ def plot_increase(t: Table, stem: Path) -> list[Path]:
         ref = CONTROL if rft and t.control else "baseline"
         for ax, (model, ratio) in zip(row, panels):
             base = t.get(model, ref, 0.0, rft and ref == CONTROL, metric)
-            bars = [(METHOD_NAMES[m], t.get(model, m, ratio, rft, metric), t.half_width(model, m, ratio, rft, metric))
-                    for m in t.methods]
-            bars = [(n, v - base, hw or 0.0) for n, v, hw in bars if v is not None and base is not None]
+            bars = []
+            for m in t.methods:
+                value = t.get(model, m, ratio, rft, metric)
+                if value is None or base is None:
+                    continue
+                rise, hw = (_paired_increase(t, model, m, ratio, metric) if ref == CONTROL
+                            else (value - base, t.half_width(model, m, ratio, rft, metric)))
+                bars.append((METHOD_NAMES[m], rise, hw or 0.0))
             if bars:
                 names, rises, errs = zip(*bars)
                 ax.bar(range(len(bars)), rises, yerr=errs, capsize=3,

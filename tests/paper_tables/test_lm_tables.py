@@ -163,14 +163,16 @@ def test_selector_increase_layout_shows_the_increase_over_dense_with_the_seed_in
 
 def test_selector_increase_with_post_rft_cells_measures_them_from_the_dense_rft_control(tmp_path):
     """selector_benchmark (pre- and post-RFT, control: true): Post-RFT columns whose increase is over the dense+RFT
-    control, a Dense+RFT row, and a second row of figure panels."""
+    control (replicated by seed: the interval of the seed-paired difference), a Dense+RFT row, and a second row of
+    figure panels."""
     from state_reduction.stats import mean_ci
 
     base = {"experiment": "selector_benchmark", "model": "deltanet", "suite": "tiny_wiki", "batch_size": 8,
             "max_length": 256, "limit": None}
+    pre, post, control = [110.0, 112.0, 111.0], [95.0, 96.0, 98.0], [90.0, 91.0, 89.0]
     records = [("dense", {**base, "stage": "baseline", "method": "baseline", "ratio": 0.0, "rft": False}, 100.0),
-               ("control", {**base, "stage": "eval-post", "method": "dense", "ratio": 0.0, "rft": True}, 90.0)]
-    pre, post = [110.0, 112.0, 111.0], [95.0, 96.0, 98.0]
+               *((f"control-{seed}", {**base, "stage": "eval-post", "method": "dense", "ratio": 0.0, "rft": True,
+                                       **({"vary": {"seed": seed}} if seed else {})}, v) for seed, v in enumerate(control))]
     for rft, vs in ((False, pre), (True, post)):
         for seed, v in enumerate(vs):
             vary = {"vary": {"seed": seed}} if seed else {}
@@ -180,9 +182,9 @@ def test_selector_increase_with_post_rft_cells_measures_them_from_the_dense_rft_
     assert header == ["Model", "Compr.", "Method", "Pre-RFT Wiki ↓", "Pre-RFT increase Wiki ↓", "Post-RFT Wiki ↓",
                       "Post-RFT increase Wiki ↓ over dense+RFT"]
     assert body[0][2:] == ["Baseline", "100.0", "0.0", "--", "--"]
-    assert body[1][2:] == ["Dense+RFT", "--", "--", "90.0", "0.0"]
+    assert body[1][2:] == ["Dense+RFT", "--", "--", f"90.0 ± {mean_ci(control).half_width:.1f}", "0.0"]
     qk = body[2]
     assert qk[1:3] == ["50%", "QK-score (ours)"]
-    hw_pre, hw_post = (mean_ci(v).half_width for v in (pre, post))
-    assert qk[4] == f"**11.0 ± {hw_pre:.1f}**" and qk[6] == f"**6.3 ± {hw_post:.1f}**"  # 96.33 - 90
+    hw_pre, hw_post = mean_ci(pre).half_width, mean_ci([p - c for p, c in zip(post, control)]).half_width
+    assert qk[4] == f"**11.0 ± {hw_pre:.1f}**" and qk[6] == f"**6.3 ± {hw_post:.1f}**"  # paired by seed: 5, 5, 9
     assert all(p.stat().st_size > 0 for p in out["figures"])
