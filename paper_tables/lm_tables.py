@@ -332,11 +332,11 @@ def layout_selector_increase(t: Table, metrics: list[Metric]):
                         value, mark, hw = t.cell(model, method, ratio, rft, m,
                                                  _column_marks(t, model, ratio, rft, m)[method])
                         base = ref[(rft, m.id)]
-                        rise = None if value is None or base is None else value - base
+                        rise, rise_hw = (None, None) if value is None or base is None else (value - base, hw)
                         if rise is not None and reference(rft) == CONTROL:
                             # the control is replicated by seed too: the interval of the seed-paired difference
-                            rise, hw = _paired_increase(t, model, method, ratio, m)
-                        cells += [(value, mark, hw), (rise, mark, hw)]
+                            rise, rise_hw = _paired_increase(t, model, method, ratio, m)
+                        cells += [(value, mark, hw), (rise, mark, rise_hw)]
                 rows.append(cells)
     return header, rows
 

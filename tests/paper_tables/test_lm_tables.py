@@ -187,4 +187,5 @@ def test_selector_increase_with_post_rft_cells_measures_them_from_the_dense_rft_
     assert qk[1:3] == ["50%", "QK-score (ours)"]
     hw_pre, hw_post = mean_ci(pre).half_width, mean_ci([p - c for p, c in zip(post, control)]).half_width
     assert qk[4] == f"**11.0 ± {hw_pre:.1f}**" and qk[6] == f"**6.3 ± {hw_post:.1f}**"  # paired by seed: 5, 5, 9
+    assert qk[5] == f"**96.3 ± {mean_ci(post).half_width:.1f}**"  # the value keeps its own interval
     assert all(p.stat().st_size > 0 for p in out["figures"])
