@@ -18,8 +18,11 @@ def _spec(tmp_path) -> str:
             "models": {"deltanet": {"path": "experiments/tiny_models/checkpoints/deltanet",
                                     "stands_for": ["DeltaNet"]}},
             "prune": {"calib": "ptb", "n_calib": 2, "seq_len": 32, "seed": 0, "batch_size": 2},
+            "rft": {"preset": "tiny", "steps": 1},
             "evaluate": {"suite": "tiny_wiki", "batch_size": 8, "max_length": 64, "limit": 1}}},
-        "tables": {"grid": {"models": ["DeltaNet"], "ratios": [0.75, 0.5], "rft": [False], "methods": ["l1", "grad"]}},
+        # with the dense+RFT control (a ratio-0 cell): the cost is taken at the smallest pruning ratio
+        "tables": {"grid": {"models": ["DeltaNet"], "ratios": [0.75, 0.5], "rft": [False, True], "control": True,
+                            "methods": ["l1", "grad"]}},
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(spec))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from state_reduction.errors import InputError
 from state_reduction.pipeline import load_experiment, profile_spec
-from state_reduction.pipeline.spec import resolve_model_path, table_cells
+from state_reduction.pipeline.spec import CONTROL, resolve_model_path, table_cells
 from state_reduction.provenance import collect_provenance
 
 # the profile's prune settings that the prune command takes as flags
@@ -68,7 +68,7 @@ def bench_selectors(experiment: str = "selector_benchmark", table: str = "select
         if unknown:
             raise InputError(f"bench selectors: {name}(s) {unknown} are not in {where} "
                              f"(its {name}s: {', '.join(known)})")
-    ratio = min(c.ratio for c in cells)
+    ratio = min(c.ratio for c in cells if c.method != CONTROL)  # the dense+RFT control prunes nothing
     settings = dict(prof.get("prune", {}))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     rows = []
