@@ -1,8 +1,17 @@
 # Selector benchmark (experiments/selector_benchmark, issue 19): runs what table selector_bar lacks (ours vs DRRQR vs
-# Grad x 4 tiny families x 50/75% x 3 calibration seeds, pre-RFT, tiny_ppl), then renders its table and the
-# increase-by-selector figure. `make selector-benchmark-all` does the same for the whole selector grid.
+# Grad x 4 tiny families x 50/75% x 3 calibration seeds, pre-RFT, tiny_wiki), then renders its table and the
+# increase-by-selector figure. `make selector-benchmark-all` does the same for the whole benchmark: every selector
+# pre- and post-RFT with the dense+RFT control (selector_benchmark), GHOST on the three families with a decay
+# (selector_benchmark_ghost), every selector's recall on the recall models (selector_recall), then the verdicts, and
+# the selection cost of every selector and family (`bench selectors`, only when its result file is missing).
 .PHONY: selector-benchmark selector-benchmark-all
+SELECTOR_COST := results/$(PROFILE)/selector_benchmark/selector_cost.json
 selector-benchmark: setup
 	$(VENV)/bin/state-reduction render selector_bar --profile $(PROFILE) --run
 selector-benchmark-all: setup
-	$(VENV)/bin/state-reduction render selector_benchmark --profile $(PROFILE) --run
+	$(VENV)/bin/state-reduction render selector_benchmark --profile $(PROFILE) --run --workers 2
+	$(VENV)/bin/state-reduction render selector_benchmark_ghost --profile $(PROFILE) --run --workers 2
+	$(VENV)/bin/state-reduction render selector_recall --profile $(PROFILE) --run --workers 2
+	test -f $(SELECTOR_COST) || $(VENV)/bin/state-reduction bench selectors --profile $(PROFILE) --out $(SELECTOR_COST) \
+		--markdown paper_tables/out/$(PROFILE)/selector_cost.md
+	$(VENV)/bin/state-reduction verdicts selector_benchmark --profile $(PROFILE)

@@ -35,7 +35,7 @@ from state_reduction.pipeline import (
     table_methods,
     table_seeds,
 )
-from state_reduction.stats import mean_ci
+from state_reduction.stats import diff_ci, mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "paper_tables" / "reference_data"
@@ -293,28 +293,68 @@ def layout_configurations(t: Table, metrics: list[Metric]):
 def layout_selector_increase(t: Table, metrics: list[Metric]):
     """The selector benchmark: per model the dense baseline, then per ratio each method with each metric and its
     increase over the dense model (mean ± 95% CI over the calibration seeds; the dense model is one deterministic
-    evaluation, so the increase has the metric's interval); methods ranked per ratio."""
+    evaluation, so the increase has the metric's interval); methods ranked per ratio. A table with post-RFT cells
+    adds Post-RFT columns, whose increase is over the dense+RFT control where the table has one (else over dense),
+    and a Dense+RFT row."""
+    states = t.rft_states
+    both = len(states) > 1
+
+    def prefix(rft):
+        return (f"{'Post' if rft else 'Pre'}-RFT " if both else "")
+
+    def reference(rft):  # what a state's increase is measured from
+        return CONTROL if rft and t.control else "baseline"
+
     header = ["Model", "Compr.", "Method"] + [
-        h for m in metrics for h in (m.label, f"{'increase' if m.lower_is_better else 'change'} {m.label}")]
+        h for rft in states for m in metrics
+        for h in (prefix(rft) + m.label, prefix(rft) + f"{'increase' if m.lower_is_better else 'change'} {m.label}"
+                  + (" over dense+RFT" if reference(rft) == CONTROL else ""))]
     rows = []
     for model in t.models:
-        base = {m.id: t.get(model, "baseline", 0.0, False, m) for m in metrics}
-        rows.append([t.model_label(model), "0%", "Baseline"]
-                    + [c for m in metrics for c in (t.cell(model, "baseline", 0.0, False, m), (0.0, "", None))])
+        ref = {(rft, m.id): t.get(model, reference(rft), 0.0, rft, m) for rft in states for m in metrics}
+        dense = [t.model_label(model), "0%", "Baseline"]
+        for rft in states:
+            for m in metrics:
+                shown = reference(rft) == "baseline"  # a post-RFT column over dense+RFT shows that row instead
+                dense += [t.cell(model, "baseline", 0.0, False, m), (0.0, "", None)] if shown else ["--", "--"]
+        rows.append(dense)
+        if t.control and True in states:
+            control = ["", "0%", METHOD_NAMES[CONTROL]]
+            for rft in states:
+                for m in metrics:
+                    control += [t.cell(model, CONTROL, 0.0, True, m), (0.0, "", None)] if rft else ["--", "--"]
+            rows.append(control)
         for ratio in sorted(t.ratios):
             for method in t.methods:
                 cells = ["", _pct(ratio), METHOD_NAMES[method]]
-                for m in metrics:
-                    value, mark, hw = t.cell(model, method, ratio, False, m, _column_marks(t, model, ratio, False, m)[method])
-                    rise = None if value is None or base[m.id] is None else value - base[m.id]
-                    cells += [(value, mark, hw), (rise, mark, hw)]
+                for rft in states:
+                    for m in metrics:
+                        value, mark, hw = t.cell(model, method, ratio, rft, m,
+                                                 _column_marks(t, model, ratio, rft, m)[method])
+                        base = ref[(rft, m.id)]
+                        rise, rise_hw = (None, None) if value is None or base is None else (value - base, hw)
+                        if rise is not None and reference(rft) == CONTROL:
+                            # the control is replicated by seed too: the interval of the seed-paired difference
+                            rise, rise_hw = _paired_increase(t, model, method, ratio, m)
+                        cells += [(value, mark, hw), (rise, mark, rise_hw)]
                 rows.append(cells)
     return header, rows
 
 
+def _paired_increase(t: Table, model, method, ratio, metric) -> tuple[float, float | None]:
+    """A post-RFT cell minus the dense+RFT control: mean and 95% half-width of the difference, paired by replicate
+    (the same seed drives both RFT runs) when both have the same replicates, else Welch's."""
+    a, b = t.samples(model, method, ratio, True, metric), t.samples(model, CONTROL, 0.0, True, metric)
+    ci = diff_ci(a, b, paired=len(a) == len(b) > 1) if len(a) > 1 and len(b) > 1 else None
+    if ci is None:
+        return sum(a) / len(a) - sum(b) / len(b), None
+    return ci.mean, ci.half_width
+
+
 def plot_increase(t: Table, stem: Path) -> list[Path]:
     """The table's first metric (wiki perplexity) minus the dense model's, by selector, one panel per (model, ratio),
-    bars with the 95% t-interval over the calibration seeds."""
+    bars with the 95% t-interval over the calibration seeds; a table with post-RFT cells adds a row of panels for
+    them, measured from the dense+RFT control where the table has one."""
     metric = table_spec.render_spec(t.spec, t.table, t.profile, LAYOUTS, t.experiment)["columns"][0]
     import matplotlib
 
@@ -322,20 +362,29 @@ def plot_increase(t: Table, stem: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     panels = [(m, r) for m in t.models for r in sorted(t.ratios)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 3.4), squeeze=False)
-    for ax, (model, ratio) in zip(axes[0], panels):
-        base = t.get(model, "baseline", 0.0, False, metric)
-        bars = [(METHOD_NAMES[m], t.get(model, m, ratio, False, metric), t.half_width(model, m, ratio, False, metric))
-                for m in t.methods]
-        bars = [(n, v - base, hw or 0.0) for n, v, hw in bars if v is not None and base is not None]
-        if bars:
-            names, rises, errs = zip(*bars)
-            ax.bar(range(len(bars)), rises, yerr=errs, capsize=3,
-                   color=["tab:red" if n.endswith("(ours)") else "tab:gray" for n in names])
-            ax.set_xticks(range(len(bars)), names, rotation=60, ha="right", fontsize=7)
-        ax.axhline(0, color="k", lw=0.8)
-        ax.set_title(f"{model}, {_pct(ratio)}", fontsize=8)
-    axes[0][0].set_ylabel(f"{_plain(metric.label)}: change from dense")
+    states = t.rft_states
+    fig, axes = plt.subplots(len(states), len(panels), figsize=(2.6 * len(panels), 3.4 * len(states)), squeeze=False)
+    for row, rft in zip(axes, states):
+        ref = CONTROL if rft and t.control else "baseline"
+        for ax, (model, ratio) in zip(row, panels):
+            base = t.get(model, ref, 0.0, rft and ref == CONTROL, metric)
+            bars = []
+            for m in t.methods:
+                value = t.get(model, m, ratio, rft, metric)
+                if value is None or base is None:
+                    continue
+                rise, hw = (_paired_increase(t, model, m, ratio, metric) if ref == CONTROL
+                            else (value - base, t.half_width(model, m, ratio, rft, metric)))
+                bars.append((METHOD_NAMES[m], rise, hw or 0.0))
+            if bars:
+                names, rises, errs = zip(*bars)
+                ax.bar(range(len(bars)), rises, yerr=errs, capsize=3,
+                       color=["tab:red" if n.endswith("(ours)") else "tab:gray" for n in names])
+                ax.set_xticks(range(len(bars)), names, rotation=60, ha="right", fontsize=7)
+            ax.axhline(0, color="k", lw=0.8)
+            ax.set_title(f"{model}, {_pct(ratio)}" + ((", post-RFT" if rft else ", pre-RFT") if len(states) > 1 else ""),
+                         fontsize=8)
+        row[0].set_ylabel(f"{_plain(metric.label)}: change from " + ("dense+RFT" if ref == CONTROL else "dense"))
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite), mean ± 95% CI over seeds", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, stem)

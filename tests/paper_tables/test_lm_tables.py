@@ -122,14 +122,28 @@ def test_a_table_reads_only_results_of_its_own_evaluation_settings(tmp_path):
     assert "31.0" not in t13["md"].read_text() and "150.0" in t13["md"].read_text()
 
 
+def _render_selector_results(tmp_path, table, records):
+    """Write (name, config, wiki ppl) evaluation results of experiment selector_benchmark, render `table`, and return
+    (render output, Markdown header, body rows)."""
+    from state_reduction.results import config_key
+
+    for name, config, v in records:
+        r = build_result("evaluate", profile="tiny", experiment="selector_benchmark", config=config,
+                         metrics={"wiki_word_perplexity": v}, wall_time_s=1.0)
+        r["config_key"] = config_key(config)
+        write_result(tmp_path / "results" / "tiny" / "selector_benchmark" / f"{name}.json", r)
+    out = lm_tables.render(table, "tiny", results_root=tmp_path / "results", out_root=tmp_path / "out",
+                           figures_root=tmp_path / "figures", quiet=True)
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in out["md"].read_text().splitlines()
+            if ln.startswith("|") and "---" not in ln]
+    return out, rows[0], rows[1:]
+
+
 def test_selector_increase_layout_shows_the_increase_over_dense_with_the_seed_interval(tmp_path):
     """selector_bar: per ratio each selector's wiki perplexity and its increase over the dense model, mean ± 95% CI
     over the calibration seeds; the figure is written."""
-    from state_reduction.results import config_key
     from state_reduction.stats import mean_ci
 
-    results = tmp_path / "results"
-    folder = results / "tiny" / "selector_benchmark"
     base = {"experiment": "selector_benchmark", "model": "deltanet", "rft": False, "suite": "tiny_wiki",
             "batch_size": 8, "max_length": 256, "limit": None}
     values = {"qkscore": [110.0, 112.0, 111.0], "drrqr": [130.0, 126.0, 128.0], "grad": [120.0, 121.0, 125.0]}
@@ -138,19 +152,40 @@ def test_selector_increase_layout_shows_the_increase_over_dense_with_the_seed_in
         for seed, v in enumerate(vs):
             vary = {"vary": {"seed": seed}} if seed else {}
             records.append((f"{method}-{seed}", {**base, "stage": "eval-pre", "method": method, "ratio": 0.5, **vary}, v))
-    for name, config, v in records:
-        r = build_result("evaluate", profile="tiny", experiment="selector_benchmark", config=config,
-                         metrics={"wiki_word_perplexity": v}, wall_time_s=1.0)
-        r["config_key"] = config_key(config)
-        write_result(folder / f"{name}.json", r)
-    out = lm_tables.render("selector_bar", "tiny", results_root=results, out_root=tmp_path / "out",
-                           figures_root=tmp_path / "figures", quiet=True)
-    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in out["md"].read_text().splitlines()
-            if ln.startswith("|") and "---" not in ln]
-    header, body = rows[0], rows[1:]
+    out, header, body = _render_selector_results(tmp_path, "selector_bar", records)
     assert header[:3] == ["Model", "Compr.", "Method"] and header[4] == "increase Wiki ↓"
     by = {r[2]: r for r in body[1:4]}  # DeltaNet at 50%
     hw = mean_ci(values["qkscore"]).half_width
     assert by["QK-score (ours)"][3] == f"**111.0 ± {hw:.1f}**" and by["QK-score (ours)"][4] == f"**11.0 ± {hw:.1f}**"
     assert by["DRRQR"][4].startswith("28.0 ± ") and body[0][2:5] == ["Baseline", "100.0", "0.0"]
+    assert all(p.stat().st_size > 0 for p in out["figures"])
+
+
+def test_selector_increase_with_post_rft_cells_measures_them_from_the_dense_rft_control(tmp_path):
+    """selector_benchmark (pre- and post-RFT, control: true): Post-RFT columns whose increase is over the dense+RFT
+    control (replicated by seed: the interval of the seed-paired difference), a Dense+RFT row, and a second row of
+    figure panels."""
+    from state_reduction.stats import mean_ci
+
+    base = {"experiment": "selector_benchmark", "model": "deltanet", "suite": "tiny_wiki", "batch_size": 8,
+            "max_length": 256, "limit": None}
+    pre, post, control = [110.0, 112.0, 111.0], [95.0, 96.0, 98.0], [90.0, 91.0, 89.0]
+    records = [("dense", {**base, "stage": "baseline", "method": "baseline", "ratio": 0.0, "rft": False}, 100.0),
+               *((f"control-{seed}", {**base, "stage": "eval-post", "method": "dense", "ratio": 0.0, "rft": True,
+                                       **({"vary": {"seed": seed}} if seed else {})}, v) for seed, v in enumerate(control))]
+    for rft, vs in ((False, pre), (True, post)):
+        for seed, v in enumerate(vs):
+            vary = {"vary": {"seed": seed}} if seed else {}
+            records.append((f"qk-{rft}-{seed}", {**base, "stage": "eval-post" if rft else "eval-pre", "method": "qkscore",
+                                                 "ratio": 0.5, "rft": rft, **vary}, v))
+    out, header, body = _render_selector_results(tmp_path, "selector_benchmark", records)
+    assert header == ["Model", "Compr.", "Method", "Pre-RFT Wiki ↓", "Pre-RFT increase Wiki ↓", "Post-RFT Wiki ↓",
+                      "Post-RFT increase Wiki ↓ over dense+RFT"]
+    assert body[0][2:] == ["Baseline", "100.0", "0.0", "--", "--"]
+    assert body[1][2:] == ["Dense+RFT", "--", "--", f"90.0 ± {mean_ci(control).half_width:.1f}", "0.0"]
+    qk = body[2]
+    assert qk[1:3] == ["50%", "QK-score (ours)"]
+    hw_pre, hw_post = mean_ci(pre).half_width, mean_ci([p - c for p, c in zip(post, control)]).half_width
+    assert qk[4] == f"**11.0 ± {hw_pre:.1f}**" and qk[6] == f"**6.3 ± {hw_post:.1f}**"  # paired by seed: 5, 5, 9
+    assert qk[5] == f"**96.3 ± {mean_ci(post).half_width:.1f}**"  # the value keeps its own interval
     assert all(p.stat().st_size > 0 for p in out["figures"])

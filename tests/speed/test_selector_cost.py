@@ -1,13 +1,12 @@
 """`bench selectors`: one fresh prune process per model and selector; its seconds and the memory above the loaded
 model come from that prune's selection.json; a selector a family cannot serve is a row with prune's reason."""
 
-import json
-
 import pytest
 import yaml
 
 from state_reduction.cli import main
 from state_reduction.errors import InputError
+from state_reduction.results import read_result
 from state_reduction.speed.selector_cost import bench_selectors, format_selectors, selectors_markdown
 
 
@@ -18,8 +17,11 @@ def _spec(tmp_path) -> str:
             "models": {"deltanet": {"path": "experiments/tiny_models/checkpoints/deltanet",
                                     "stands_for": ["DeltaNet"]}},
             "prune": {"calib": "ptb", "n_calib": 2, "seq_len": 32, "seed": 0, "batch_size": 2},
+            "rft": {"preset": "tiny", "steps": 1},
             "evaluate": {"suite": "tiny_wiki", "batch_size": 8, "max_length": 64, "limit": 1}}},
-        "tables": {"grid": {"models": ["DeltaNet"], "ratios": [0.75, 0.5], "rft": [False], "methods": ["l1", "grad"]}},
+        # with the dense+RFT control (a ratio-0 cell): the cost is taken at the smallest pruning ratio
+        "tables": {"grid": {"models": ["DeltaNet"], "ratios": [0.75, 0.5], "rft": [False, True], "control": True,
+                            "methods": ["l1", "grad"]}},
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -28,8 +30,9 @@ def _spec(tmp_path) -> str:
 
 def test_each_selector_is_costed_in_its_own_prune_and_a_family_it_cannot_serve_is_a_refused_row(tmp_path):
     record = bench_selectors(experiment=_spec(tmp_path), table="grid")
-    assert record["ratio"] == 0.5 and [r["method"] for r in record["rows"]] == ["l1", "grad", "ghost"]
-    l1, grad, ghost = record["rows"]
+    assert record["kind"] == "bench" and record["schema"] == "state-reduction/result"
+    assert record["config"]["ratio"] == 0.5 and [r["method"] for r in record["extra"]["rows"]] == ["l1", "grad", "ghost"]
+    l1, grad, ghost = record["extra"]["rows"]
     for r in (l1, grad):
         assert r["status"] == "ok" and r["key_dim_after"] == 32
         assert r["calibration_s"] >= 0 and r["selection_s"] >= 0
@@ -53,6 +56,6 @@ def test_the_command_writes_the_record_and_the_markdown(tmp_path, capsys):
     out, md = tmp_path / "cost.json", tmp_path / "cost.md"
     assert main(["bench", "selectors", "--experiment", _spec(tmp_path), "--table", "grid", "--methods", "l1",
                  "--out", str(out), "--markdown", str(md)]) == 0
-    assert json.loads(out.read_text())["rows"][0]["status"] == "ok"
+    assert read_result(out)["extra"]["rows"][0]["status"] == "ok"  # a result file: the experiment's tables read past it
     assert md.read_text().startswith("| selector | deltanet: calib s / select s / extra MiB |")
     assert "selection cost, grid of" in capsys.readouterr().out

@@ -197,12 +197,11 @@ def _cmd_selectors(args) -> int:
     record = bench_selectors(experiment=experiment, table=args.table or experiment, profile=args.profile,
                              methods=args.methods, models=args.cell_models, threads=args.threads,
                              progress=lambda r: print(f"  {r['model']} {r['method']}: {r['status']}", flush=True))
-    print(f"selection cost, {record['table']} of {experiment} ({args.profile}), ratio {record['ratio']}, "
+    print(f"selection cost, {record['config']['table']} of {experiment} ({args.profile}), ratio {record['config']['ratio']}, "
           f"one fresh prune process per cell, {args.threads} thread(s)")
     print(format_selectors(record))
     out = Path(args.out) if args.out else Path(args.results_root) / args.profile / experiment / "selector_cost.json"
-    write_json_atomic(out, record)
-    print(f"-> {out}")
+    print(f"-> {write_result(out, record)}")
     if args.markdown:
         write_text_atomic(Path(args.markdown), selectors_markdown(record))
         print(f"-> {args.markdown}")

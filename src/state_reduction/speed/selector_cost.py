@@ -14,12 +14,13 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from state_reduction.errors import InputError
 from state_reduction.pipeline import load_experiment, profile_spec
-from state_reduction.pipeline.spec import resolve_model_path, table_cells
-from state_reduction.provenance import collect_provenance
+from state_reduction.pipeline.spec import CONTROL, resolve_model_path, table_cells
+from state_reduction.results import build_result
 
 # the profile's prune settings that the prune command takes as flags
 _FLAGS = {"calib": "--calib", "n_calib": "--n-calib", "seq_len": "--seq-len", "seed": "--seed",
@@ -55,8 +56,7 @@ def _row(model: str, method: str, done: subprocess.CompletedProcess, out: Path) 
 
 def bench_selectors(experiment: str = "selector_benchmark", table: str = "selector_benchmark", profile: str = "tiny",
                     methods=None, models=None, data_dir=None, threads: int = 1, progress=None) -> dict:
-    """Rows of selection cost for the table's models x the experiment's selectors (or the given subsets), and the
-    settings used."""
+    """A `bench` result (results schema): the settings in `config`, a row per model and selector in `extra.rows`."""
     spec = load_experiment(experiment)
     keys, cells, _ = table_cells(spec, table, profile)
     prof = profile_spec(spec, profile)
@@ -68,8 +68,9 @@ def bench_selectors(experiment: str = "selector_benchmark", table: str = "select
         if unknown:
             raise InputError(f"bench selectors: {name}(s) {unknown} are not in {where} "
                              f"(its {name}s: {', '.join(known)})")
-    ratio = min(c.ratio for c in cells)
+    ratio = min(c.ratio for c in cells if c.method != CONTROL)  # the dense+RFT control prunes nothing
     settings = dict(prof.get("prune", {}))
+    t0 = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-selectors-") as tmp:
@@ -82,15 +83,16 @@ def bench_selectors(experiment: str = "selector_benchmark", table: str = "select
                 rows.append(_row(model, method, done, out))
                 if progress is not None:
                     progress(rows[-1])
-    return {"kind": "bench", "mode": "selectors", "experiment": experiment, "table": table, "profile": profile,
-            "ratio": ratio, "prune_settings": settings, "threads": threads, "rows": rows,
-            "provenance": collect_provenance()}
+    config = {"mode": "selectors", "table": table, "ratio": ratio, "prune_settings": settings, "threads": threads,
+              "methods": methods, "models": models}
+    return build_result("bench", profile=profile, experiment=spec["experiment"], config=config, metrics={},
+                        wall_time_s=time.perf_counter() - t0, extra={"rows": rows})
 
 
 def format_selectors(record: dict) -> str:
     """One line per model and selector: calibration and selection seconds, and the memory they add."""
     lines = [f"{'model':<16} {'selector':<14} {'calib s':>8} {'select s':>9} {'extra MiB':>10} {'peak MiB':>9}"]
-    for r in record["rows"]:
+    for r in record["extra"]["rows"]:
         if r["status"] != "ok":
             lines.append(f"{r['model']:<16} {r['method']:<14} refused: {r['reason']}")
             continue
@@ -101,9 +103,10 @@ def format_selectors(record: dict) -> str:
 
 def selectors_markdown(record: dict) -> str:
     """The cost table as Markdown: a row per selector, per model its calibration s / selection s / extra MiB."""
-    models = list(dict.fromkeys(r["model"] for r in record["rows"]))
-    methods = list(dict.fromkeys(r["method"] for r in record["rows"]))
-    cell = {(r["model"], r["method"]): r for r in record["rows"]}
+    rows, config = record["extra"]["rows"], record["config"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    cell = {(r["model"], r["method"]): r for r in rows}
     head = "| selector | " + " | ".join(f"{m}: calib s / select s / extra MiB" for m in models) + " |"
     lines = [head, "|---|" + "---|" * len(models)]
     for method in methods:
@@ -113,11 +116,11 @@ def selectors_markdown(record: dict) -> str:
             parts.append("--" if r is None else "n/a (refused)" if r["status"] != "ok" else
                          f"{r['calibration_s']:.2f} / {r['selection_s']:.2f} / {r['extra_bytes'] / 2**20:.0f}")
         lines.append(f"| {method} | " + " | ".join(parts) + " |")
-    s = record["prune_settings"]
+    s = config["prune_settings"]
     lines.append("")
-    lines.append(f"One `prune` per cell in a fresh process, {record['threads']} thread(s), ratio {record['ratio']}, "
+    lines.append(f"One `prune` per cell in a fresh process, {config['threads']} thread(s), ratio {config['ratio']}, "
                  f"calibration {s.get('calib')} {s.get('n_calib')} x {s.get('seq_len')} tokens, seed {s.get('seed')}; "
                  "extra MiB: peak RSS through the selection minus the RSS after loading the model.")
-    refused = [r for r in record["rows"] if r["status"] != "ok"]
+    refused = [r for r in rows if r["status"] != "ok"]
     lines += [f"- {r['method']} on {r['model']}: {r['reason']}" for r in refused]
     return "\n".join(lines) + "\n"
