@@ -2,8 +2,10 @@
 # Grad x 4 tiny families x 50/75% x 3 calibration seeds, pre-RFT, tiny_wiki), then renders its table and the
 # increase-by-selector figure. `make selector-benchmark-all` does the same for the whole benchmark: every selector
 # pre- and post-RFT with the dense+RFT control (selector_benchmark), GHOST on the three families with a decay
-# (selector_benchmark_ghost), every selector's recall on the recall models (selector_recall), then the verdicts, and
-# the selection cost of every selector and family (`bench selectors`, only when its result file is missing).
+# (selector_benchmark_ghost), every selector's recall on the recall models (selector_recall, selector_recall_ghost), the
+# same pruned and post-RFT models on the second held-out corpus (selector_benchmark_books, selector_benchmark_ghost_books),
+# then the verdicts, and the selection cost of every selector and family (`bench selectors`, only when its result file
+# is missing).
 .PHONY: selector-benchmark selector-benchmark-all
 SELECTOR_COST := results/$(PROFILE)/selector_benchmark/selector_cost.json
 selector-benchmark: setup
@@ -12,6 +14,9 @@ selector-benchmark-all: setup
 	$(VENV)/bin/state-reduction render selector_benchmark --profile $(PROFILE) --run --workers 2
 	$(VENV)/bin/state-reduction render selector_benchmark_ghost --profile $(PROFILE) --run --workers 2
 	$(VENV)/bin/state-reduction render selector_recall --profile $(PROFILE) --run --workers 2
+	$(VENV)/bin/state-reduction render selector_recall_ghost --profile $(PROFILE) --run --workers 2
+	$(VENV)/bin/state-reduction render selector_benchmark_books --profile $(PROFILE) --run --workers 2
+	$(VENV)/bin/state-reduction render selector_benchmark_ghost_books --profile $(PROFILE) --run --workers 2
 	test -f $(SELECTOR_COST) || $(VENV)/bin/state-reduction bench selectors --profile $(PROFILE) --out $(SELECTOR_COST) \
 		--markdown paper_tables/out/$(PROFILE)/selector_cost.md
 	$(VENV)/bin/state-reduction verdicts selector_benchmark --profile $(PROFILE)

@@ -38,6 +38,8 @@ def _acc(id: str, label: str, paper_key: str | None = None) -> Metric:
 METRICS = {m.id: m for m in [
     Metric("wiki_word_perplexity", "Wiki $\\downarrow$", True, paper_key="wiki_ppl"),
     Metric("ptb_word_perplexity", "PTB $\\downarrow$", True),
+    Metric("books_word_perplexity", "Books $\\downarrow$", True),
+    Metric("c4_word_perplexity", "C4 $\\downarrow$", True),
     Metric("lambada_ppl", "LMB $\\downarrow$", True),
     _acc("zero_shot_avg", "ZS $\\uparrow$"),
     _acc("arc_easy_acc_norm", "ARC-e acc\\_n"), _acc("arc_challenge_acc_norm", "ARC-c acc\\_n"),

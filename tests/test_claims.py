@@ -119,6 +119,33 @@ def test_write_then_check_readme_and_staleness(experiment):
         claims.check_readme("toy")
 
 
+def test_keep_re_decides_only_the_claims_with_results_and_keeps_the_others_evidence(experiment, tmp_path, capsys):
+    from state_reduction.cli import main
+
+    declare, root, exp_dir = experiment
+    declare(_claim("drrqr_beats_l1", "drrqr", "<", "l1", pair_by="seed"),
+            _claim("rand_vs_drrqr", "rand", ">", "drrqr"))
+    claims.write_verdicts("toy", "tiny", root)
+    kept = json.loads((exp_dir / "verdicts_tiny.json").read_text())["claims"][1]
+    # a rerun of one part: only drrqr and l1 results, with new values; rand's results are not here
+    part = tmp_path / "part"
+    _write_results(part, ppl={"drrqr": [120.0, 121.0, 119.0], "l1": [110.0, 111.0, 109.0]})
+    with pytest.raises(ClaimError, match="claim 'rand_vs_drrqr' .* lhs: no result matches"):
+        claims.write_verdicts("toy", "tiny", part)
+    assert main(["verdicts", "toy", "--results-root", str(part), "--write", "--keep"]) == 0
+    v = {x.claim.id: x for x in claims.verdicts_from_evidence("toy", "tiny")}
+    assert v["drrqr_beats_l1"].status == FAILS  # re-decided from the new results
+    assert json.loads((exp_dir / "verdicts_tiny.json").read_text())["claims"][1] == kept
+    assert claims.check_readme("toy") == []
+    # kept evidence is only for an unchanged definition, and a side with results but a missing other side still fails
+    declare(_claim("drrqr_beats_l1", "drrqr", "<", "l1", pair_by="seed"), _claim("rand_vs_drrqr", "rand", ">=", "drrqr"))
+    with pytest.raises(ClaimError, match="claim 'rand_vs_drrqr' .* lhs: no result matches"):
+        claims.evaluate_claims("toy", "tiny", part, keep=True)
+    declare(_claim("drrqr_vs_rand", "drrqr", "<", "rand"))
+    with pytest.raises(ClaimError, match="claim 'drrqr_vs_rand' .* rhs: no result matches"):
+        claims.evaluate_claims("toy", "tiny", part, keep=True)
+
+
 def test_cli_prints_verdicts_and_one_line_errors(experiment, capsys):
     from state_reduction.cli import main
 

@@ -61,6 +61,25 @@ def test_needs_of_the_paper_profile_name_models_corpora_tasks_and_the_ruler_hays
     assert any(a.kind == "ruler_haystack" for a in got)
 
 
+def test_the_second_held_out_corpus_is_c4_on_the_paper_profile_and_only_its_first_shards_are_fetched(tmp_path,
+                                                                                                  monkeypatch):
+    import state_reduction.prefetch as prefetch_module
+
+    got = needs("paper", ["selector_benchmark_books"])
+    assert Artefact("lm_eval_task", "c4") in got and Artefact("lm_eval_task", "wikitext") not in got
+    assert Artefact("corpus", "books") in needs("tiny", ["selector_benchmark_books"])
+    for key in prefetch_module.cache_env(tmp_path):  # fetch points the environment at the cache: restored after
+        monkeypatch.setenv(key, os.environ.get(key, ""))
+    calls = []
+    monkeypatch.setattr(prefetch_module, "snapshot_download", lambda repo, **kw: calls.append((repo, kw)))
+    prefetch_module.fetch(Artefact("lm_eval_task", "c4"), tmp_path)
+    (repo, kw), = calls
+    assert repo == "allenai/c4" and kw["repo_type"] == "dataset"
+    assert kw["allow_patterns"] == ["en/c4-train.00000-of-01024.json.gz", "en/c4-validation.00000-of-00008.json.gz"]
+    prefetch_module.fetch(Artefact("lm_eval_task", "wikitext"), tmp_path)
+    assert calls[1][1]["allow_patterns"] is None
+
+
 @pytest.mark.slow
 def test_a_prefetched_table_runs_without_network_and_a_deleted_artefact_is_named(tmp_path, monkeypatch, no_network,
                                                                                 capsys):

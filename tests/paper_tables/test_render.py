@@ -35,7 +35,8 @@ def test_the_lm_long_context_and_shared_conv_variant_tables_are_data():
     assert paper == [f"table{n}" for n in (1, 3, 4, 8, 9, 10, 11, 12, 13, 14, 20, 21, 22, 23, 24)]
     assert {t for t in data if declared[t] == "selector_benchmark"} == {
         "selector_benchmark", "selector_benchmark_ghost", "selector_recall", "selector_bar", "bar_deltanet",
-        "bar_gated_deltanet", "bar_mamba2", "bar_qwen3_5", "bar_recall"}
+        "bar_gated_deltanet", "bar_mamba2", "bar_qwen3_5", "bar_recall", "selector_recall_ghost",
+        "selector_benchmark_books", "selector_benchmark_ghost_books"}
 
 
 def test_render_command_writes_the_table(tmp_path, capsys):

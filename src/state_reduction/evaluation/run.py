@@ -56,6 +56,14 @@ TINY_METRICS: dict[str, list[tuple[str, str, bool]]] = {
     "tiny_continuation": [("acc_norm", "continuation_acc_norm", True), ("acc", "continuation_acc", False)],
     "tiny_next_sentence": [("acc", "next_sentence_acc", True), ("acc_norm", "next_sentence_acc_norm", False)],
 }
+# A second held-out corpus for ptb-calibrated sweeps (the selector benchmark): the books test split, and on the
+# paper profile the first validation shard of C4 (lm-eval's `c4` task). Neither is part of the suites above.
+HELDOUT_METRICS: dict[str, list[tuple[str, str, bool]]] = {
+    "tiny_books_ppl": [("word_perplexity", "books_word_perplexity", False),
+                       ("byte_perplexity", "books_byte_perplexity", False),
+                       ("bits_per_byte", "books_bits_per_byte", False)],
+    "c4": [("word_perplexity", "c4_word_perplexity", False), ("bits_per_byte", "c4_bits_per_byte", False)],
+}
 
 # Long-context retrieval (Tables 4, 11, 12). Tiny: the synthetic tasks of `longctx` at the tiny models' training
 # length (256) and twice that, as the paper evaluates its 2K-trained models at 2K and 4K. Paper: lm-eval's
@@ -99,11 +107,13 @@ SUITES = {"tiny": TINY_METRICS, "paper": PAPER_METRICS,
           # minutes at 1.3B width on a CPU (the rehearsal's evaluation stage)
           "tiny_choice": {t: TINY_METRICS[t] for t in ("tiny_lambada", "tiny_continuation", "tiny_next_sentence")},
           "paper_ppl": {"wikitext": PAPER_METRICS["wikitext"]},
+          "tiny_books": {"tiny_books_ppl": HELDOUT_METRICS["tiny_books_ppl"]},
+          "paper_c4": {"c4": HELDOUT_METRICS["c4"]},
           "tiny_longctx": TINY_LONGCTX, "paper_longctx": PAPER_LONGCTX, "tiny_mqar": TINY_MQAR}
 # Suites scored by their own function instead of lm-eval: suite -> f(model, batch_size, max_length, limit, data_dir).
 DIRECT_SUITES = {"tiny_mqar": lambda model, batch_size, max_length, limit, data_dir: run_mqar_suite(
     model, batch_size=batch_size, max_length=max_length, limit=int(limit) if limit else None, data_dir=data_dir)}
-HUB_SUITES = ("paper", "paper_ppl", "paper_longctx")
+HUB_SUITES = ("paper", "paper_ppl", "paper_longctx", "paper_c4")
 _OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 

@@ -6,7 +6,9 @@ out_dir)` fills the packaged task YAML templates (`tasks/*.yaml`) with the absol
 for `lm_eval.tasks.TaskManager(include_path=out_dir)`.
 
 Tasks (all from `test` splits, never `train`):
-  tiny_wiki_ppl, tiny_ptb_ppl  rolling log-likelihood over each test document (as lm-eval's wikitext).
+  tiny_wiki_ppl, tiny_ptb_ppl,
+  tiny_books_ppl               rolling log-likelihood over each test document (as lm-eval's wikitext); books is
+                               the second corpus held out from ptb calibration (the selector benchmark's).
   tiny_lambada                 last-word prediction on 3-6 sentence passages of books and wiki
                                (as lm-eval's lambada_openai: context, target = " " + last word).
   tiny_continuation            HellaSwag-like: a context, its true next sentence and 3 sentences
@@ -66,6 +68,7 @@ class TaskData:
 TASKS: dict[str, TaskData] = {t.name: t for t in (
     TaskData("tiny_wiki_ppl", ("wiki",), "rolling log-likelihood over the wiki test documents"),
     TaskData("tiny_ptb_ppl", ("ptb",), "rolling log-likelihood over the ptb test documents"),
+    TaskData("tiny_books_ppl", ("books",), "rolling log-likelihood over the books test documents"),
     TaskData("tiny_lambada", ("books", "wiki"), "last word of 3-6 sentence passages (LAMBADA-like)"),
     TaskData("tiny_continuation", ("wiki", "books", "ptb"),
              "true next sentence vs 3 from other documents (HellaSwag-like, 4-way)"),
@@ -240,7 +243,7 @@ def build_tiny_suite(data_dir=None, force: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     docs_by_corpus = {c: _documents(c, data_dir) for c in ("wiki", "books", "ptb")}
     rows = {}
-    for corpus in ("wiki", "ptb"):
+    for corpus in ("wiki", "ptb", "books"):
         ds = load_corpus(corpus, SPLIT, data_dir=data_dir)
         rows[f"tiny_{corpus}_ppl"] = _ppl_rows([(f"{corpus}/{i}", t) for i, t in zip(ds["id"], ds["text"])])
     # One generator per task, seeded by its name: changing one task never reshuffles another.
