@@ -141,9 +141,15 @@ def test_keep_re_decides_only_the_claims_with_results_and_keeps_the_others_evide
     declare(_claim("drrqr_beats_l1", "drrqr", "<", "l1", pair_by="seed"), _claim("rand_vs_drrqr", "rand", ">=", "drrqr"))
     with pytest.raises(ClaimError, match="claim 'rand_vs_drrqr' .* lhs: no result matches"):
         claims.evaluate_claims("toy", "tiny", part, keep=True)
-    declare(_claim("drrqr_vs_rand", "drrqr", "<", "rand"))
+    declare(_claim("drrqr_vs_rand", "drrqr", "<", "rand"))  # new: no evidence to keep
     with pytest.raises(ClaimError, match="claim 'drrqr_vs_rand' .* rhs: no result matches"):
         claims.evaluate_claims("toy", "tiny", part, keep=True)
+    # a claim with one side here and the other not keeps its evidence whole (no mixing of new and kept samples)
+    declare(_claim("rand_vs_drrqr", "drrqr", "<", "rand"))
+    claims.write_verdicts("toy", "tiny", root)
+    before = json.loads((exp_dir / "verdicts_tiny.json").read_text())["claims"][0]
+    (v,) = claims.evaluate_claims("toy", "tiny", part, keep=True)
+    assert v.samples == before["samples"] and v.lhs.mean == pytest.approx(100.1666667)
 
 
 def test_cli_prints_verdicts_and_one_line_errors(experiment, capsys):

@@ -34,7 +34,7 @@ inconclusive otherwise; with fewer than two samples on a side, inconclusive ("on
 experiment's README between VERDICT_BEGIN and VERDICT_END. `--check` re-derives the block from the committed
 evidence and the current claims and fails if the README differs (tests/test_claims.py runs it for every
 experiment), so a README verdict can never drift from the numbers behind it. `--write --keep` re-decides the claims
-that have results here and keeps the committed evidence of those that have none (unchanged definitions only): a part
+whose sides all have results here and keeps the committed evidence of the others (unchanged definitions only): a part
 of an experiment rerun on its own.
 """
 
@@ -350,32 +350,36 @@ def decide(claim: Claim, lhs: list[tuple[object, float]], rhs: list[tuple[object
 
 def evaluate_claims(experiment: str, profile: str = "tiny", results_root=None, keep: bool = False) -> list[Verdict]:
     """Every claim of the experiment, decided from its results (a ClaimError if a claim has no results). `keep`: a
-    claim none of whose results are here is re-decided from its committed evidence instead, provided its definition
-    is unchanged since (a part of an experiment rerun on its own; the others keep the samples they were decided on)."""
+    claim with a side that selects no result here is re-decided from its committed evidence instead, provided its
+    definition is unchanged since (a part of an experiment rerun on its own; the other claims keep the samples they
+    were decided on, whole: a claim never mixes new results with kept ones)."""
     claims = load_claims(experiment, profile)
     rows = result_rows(profile, experiment, results_root)
     stored = _stored_evidence(experiment, profile) if keep else {}
     verdicts = []
     for c in claims:
         try:
-            lhs = select_samples(c, c.lhs, rows, "lhs")
+            verdicts.append(_decide_from_rows(c, rows))
         except NoResultError:
             entry = stored.get(c.id)
             if entry is None or _essential(entry["definition"]) != _essential(c.definition()):
                 raise
             verdicts.append(_from_entry(c, entry))
-            continue
-        rhs = c.rhs if isinstance(c.rhs, float) else select_samples(c, c.rhs, rows, "rhs")
-        if c.rhs_fixed and not isinstance(rhs, float):
-            values = {v for _, v in rhs}
-            if len(values) != 1:
-                raise ClaimError(f"claim {c.id!r} ({c.source}): rhs_fixed, but the rhs has {len(rhs)} results with "
-                                 f"different values {sorted(values)}; it is a sample, drop rhs_fixed")
-            rhs = values.pop()
-        if c.over is not None:
-            lhs, rhs = increases(c, lhs, rhs, select_samples(c, c.over, rows, "over"))
-        verdicts.append(decide(c, lhs, rhs))
     return verdicts
+
+
+def _decide_from_rows(c: Claim, rows: list[dict]) -> Verdict:
+    lhs = select_samples(c, c.lhs, rows, "lhs")
+    rhs = c.rhs if isinstance(c.rhs, float) else select_samples(c, c.rhs, rows, "rhs")
+    if c.rhs_fixed and not isinstance(rhs, float):
+        values = {v for _, v in rhs}
+        if len(values) != 1:
+            raise ClaimError(f"claim {c.id!r} ({c.source}): rhs_fixed, but the rhs has {len(rhs)} results with "
+                             f"different values {sorted(values)}; it is a sample, drop rhs_fixed")
+        rhs = values.pop()
+    if c.over is not None:
+        lhs, rhs = increases(c, lhs, rhs, select_samples(c, c.over, rows, "over"))
+    return decide(c, lhs, rhs)
 
 
 def increases(claim: Claim, lhs, rhs, over) -> tuple[list, list | float]:
@@ -567,6 +571,6 @@ def register(sub) -> None:
                    help="re-derive the README blocks from the committed evidence; exit 1 if one is stale")
     v.add_argument("--results-root", default=None, help="default: results/ in the repository")
     v.add_argument("--keep", action="store_true",
-                   help="a claim none of whose results are here keeps its committed evidence (its definition "
+                   help="a claim with a side that has no results here keeps its committed evidence (its definition "
                         "unchanged): write the verdicts of a part of an experiment that was rerun on its own")
     v.set_defaults(func=_cmd_verdicts)
