@@ -3,7 +3,8 @@
 `results_frame` turns the results of one experiment on one profile (state_reduction.pipeline.collect) into one
 row per result: its `kind`, the config's keys as columns (`vary` as a sorted tuple of
 (key, value) pairs, () for none; a key a result's config lacks is missing, not a value) and the metrics as
-`metric.<id>` columns (NaN where a result has no such metric, as for a NaN metric: both are holes in a table).
+`metric.<id>` columns (NaN where a result has no such metric, as for a NaN metric: both are holes in a table),
+and `extra.n_examples`: the examples per task an evaluation scored.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pandas as pd
 from state_reduction.pipeline import collect
 
 METRIC = "metric."
+N_EXAMPLES = "extra.n_examples"
 # the config keys every table pivot groups by
 CELL = ["model", "method", "ratio"]
 
@@ -30,7 +32,9 @@ def results_frame(experiment: str, profile: str, results_root=None) -> pd.DataFr
     # the keys a table groups by are columns even when no result has them (an experiment without results)
     configs = configs.reindex(columns=[*configs.columns, *(k for k in CELL + ["rft", "vary"] if k not in configs)])
     metrics = pd.DataFrame.from_records([r["metrics"] for r in records]).add_prefix(METRIC)
-    kinds = pd.DataFrame({"kind": [r["kind"] for r in records]})
+    # the examples per task an evaluation scored ({task: n}, after any limit; None where a result has none)
+    kinds = pd.DataFrame({"kind": [r["kind"] for r in records],
+                          N_EXAMPLES: [(r.get("extra") or {}).get("n_examples") for r in records]})
     return pd.concat([kinds, configs.astype(object), metrics], axis=1)
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 from paper_tables import spec as table_spec
 from paper_tables import writers
-from paper_tables.collect import in_cells, results_frame, runs, where_config
+from paper_tables.collect import N_EXAMPLES, in_cells, results_frame, runs, where_config
 from paper_tables.figures import save_figure
 from paper_tables.metrics import METRICS, Metric, TableSpecError
 from paper_tables.writers import fmt as _fmt
@@ -35,6 +35,8 @@ from state_reduction.pipeline import (
     table_methods,
     table_seeds,
 )
+from state_reduction.evaluation.run import metric_tasks
+from state_reduction.evaluation.tiny_suite import task_sizes
 from state_reduction.stats import diff_ci, mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +86,11 @@ class Table:
         # the dense model is its own post-RFT row, as in the paper
         baseline = frame[frame["method"] == "baseline"].assign(rft=True)
         self.values = runs(pd.concat([frame, baseline]) if len(baseline) else frame, ["model", "method", "ratio", "rft"])
+        # {task: {examples scored}} over the evaluations the table reads (one value when every cell scored the same)
+        self.n_examples: dict[str, set] = {}
+        for counts in frame[N_EXAMPLES].tolist():
+            for task, n in (counts if isinstance(counts, dict) else {}).items():
+                self.n_examples.setdefault(task, set()).add(int(n))
         self.ratios = sorted({c.ratio for c in self.cells if c.method != CONTROL}, reverse=True)
         self.missing = []
         for m in self.models:
@@ -508,9 +515,10 @@ def _paper_key(metric: Metric) -> str:
     return metric.paper_key or metric.id
 
 
-def comparison(t: Table) -> str:
-    """Our value beside the paper's for every published row whose model our profile stands in for."""
-    ref = reference_rows(t.table)
+def comparison(t: Table, paper: str | None = None) -> str:
+    """Our value beside the paper's for every published row (of table `paper`, default the table's own name) whose
+    model our profile stands in for."""
+    ref = reference_rows(paper or t.table)
     metrics = [m for m in COMPARED if any(_paper_key(m) in row for row in ref)] or [WIKI, LMB, ZS]
     ours = set(ACCURACIES.get(t.suite, []))
     # the paper's tasks that this profile's suite does not run would be columns of holes only
@@ -613,11 +621,11 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
              if all(not isinstance(r[j], str) and r[j][0] is None for r in rows)]
     md = to_markdown(header, rows)
     tex = to_latex(t, header, rows)
-    for caption in (ci_caption(t), companion_caption(t, layout["columns"])):
+    for caption in (ci_caption(t), companion_caption(t, layout["columns"]), data_caption(t, layout["columns"])):
         if caption:
             md += "\n" + caption + "\n"
             tex += "% " + caption + "\n"
-    written = write_outputs(table, profile, out_root, tex, md, comparison(t))
+    written = write_outputs(table, profile, out_root, tex, md, comparison(t, layout["paper"]))
     written["figures"] = PLOTS.get(layout["layout"], plot)(t, (figures_root or ROOT / "figures") / profile / table)
     notes = [f"no result has these columns (rendered as --): {', '.join(map(_plain, empty))}"] if empty else []
     seeds = table_seeds(t.spec, table, profile, seeds)
@@ -654,6 +662,36 @@ def companion_caption(t: Table, metrics: list[Metric]) -> str:
                   f"baseline is one deterministic evaluation" if reps and max(reps) > 1 else "one replicate per cell")
         lines.append(f"{labels}: table {table} ({other.suite} suite; models {stand_ins}), {spread}.")
     return " ".join(lines)
+
+
+def data_caption(t: Table, metrics: list[Metric], sizes: dict | None = None) -> str:
+    """The data behind each column: its task(s), the examples each evaluation scored (documents for a perplexity)
+    and, on the tiny profile, of how many the task holds and the words of a perplexity task's documents (`sizes`:
+    tiny_suite.task_sizes). "" when no result the table reads records its counts (older results; the fixtures)."""
+    if not t.n_examples:
+        return ""
+    if sizes is None:
+        sizes = task_sizes() if t.profile == "tiny" else {}
+    parts = []
+    for metric in metrics:
+        if metric.table is not None:  # a companion's column: its own table says what it scored
+            continue
+        tasks = [task for task in metric_tasks(t.suite, metric.id) if task in t.n_examples]
+        described = []
+        for task in tasks:
+            scored = sorted(t.n_examples[task])
+            n = str(scored[0]) if len(scored) == 1 else f"{scored[0]}-{scored[-1]}"
+            size = sizes.get(task, {})
+            whole = size.get("n_examples")
+            unit = "documents" if task.endswith("_ppl") else "examples"
+            text = f"{task}: {n} {unit}"
+            if whole is not None:
+                text += " (the whole test split" if scored == [whole] else f" (of {whole}"
+                text += f", {size['n_words']:,} words)" if "n_words" in size and scored == [whole] else ")"
+            described.append(text)
+        if described:
+            parts.append(f"{_plain(metric.label)} = {'; '.join(described)}")
+    return ("Data per evaluation: " + " | ".join(parts) + ".") if parts else ""
 
 
 def write_outputs(table: str, profile: str, out_root: Path | None, tex: str, md: str, vs_paper: str) -> dict:

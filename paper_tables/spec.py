@@ -28,7 +28,7 @@ from state_reduction.pipeline import (
     profile_tables,
 )
 
-RENDER_KEYS = ("layout", "columns")
+RENDER_KEYS = ("layout", "columns", "paper")  # paper: the published table compared with (default: the same name)
 COLUMN_KEYS = ("metric", "label", "table")
 
 
@@ -62,7 +62,8 @@ def owner(table: str, experiment: str | None = None) -> str:
 
 
 def render_spec(spec: dict, table: str, profile: str, layouts, experiment: str | None = None) -> dict:
-    """{"layout": name, "columns": [Metric, ...]} of `table` on `profile`, from its `render:` mapping."""
+    """{"layout": name, "columns": [Metric, ...], "paper": the published table it is compared with} of `table` on
+    `profile`, from its `render:` mapping."""
     where = f"{config_path(experiment or spec['experiment'])}: tables.{table}.render"
     render = (spec.get("tables") or {}).get(table, {}).get("render")
     if not isinstance(render, dict):
@@ -83,8 +84,11 @@ def render_spec(spec: dict, table: str, profile: str, layouts, experiment: str |
         where = f"{where}.columns"
     if not isinstance(columns, list) or not columns:
         raise TableSpecError(f"{where}: a non-empty list of metric ids, got {columns!r}")
-    return {"layout": layout, "columns": [_column(c, f"{where}[{i}]", spec, table, profile)
-                                          for i, c in enumerate(columns)]}
+    paper = render.get("paper", table)
+    if not isinstance(paper, str):
+        raise TableSpecError(f"{where.split('.columns')[0]}.paper: the name of a published table, got {paper!r}")
+    return {"layout": layout, "paper": paper,
+            "columns": [_column(c, f"{where}[{i}]", spec, table, profile) for i, c in enumerate(columns)]}
 
 
 def companions(spec: dict, table: str, profile: str) -> list[str]:

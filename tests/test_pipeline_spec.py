@@ -32,10 +32,17 @@ PIPELINE_CONFIGS = sorted(p.parent.name for p in (ROOT / "experiments").glob("*/
                           if {"experiment", "methods", "profiles", "tables"} <= set(yaml.safe_load(p.read_text())))
 
 
+# deltanet_gdn's tables declared after the fixture was recorded: their tasks are left out of the comparison
+ADDED_SINCE = ("table20_full",)
+
+
 def snapshot() -> dict:
     """What the fixture records: per table and profile the planned (result name, config key) pairs of each stage;
-    per profile deltanet_gdn's tasks (name, stages, result names, evaluations) and its generated sbatch script."""
+    per profile deltanet_gdn's tasks (name, stages, result names, evaluations; of the tables the fixture knew) and
+    its generated sbatch script."""
     from state_reduction.slurm import render_script
+
+    known = [t for t in load_experiment("deltanet_gdn")["tables"] if t not in ADDED_SINCE]
 
     out = {"plans": {}, "tasks": {}, "scripts": {}}
     for table in ("table20", "table3", "table13", "table16"):
@@ -45,7 +52,7 @@ def snapshot() -> dict:
                 stage: [[name, config_key(cfg)] for name, cfg in jobs] for stage, jobs in plan["stages"].items()}
     for profile in ("tiny", "paper"):
         out["tasks"][profile] = [[t.name, list(t.stages), t.result_names, [list(e) for e in t.evals]]
-                                 for t in plan_tasks("deltanet_gdn", profile)]
+                                 for t in plan_tasks("deltanet_gdn", profile, known)]
         out["scripts"][profile] = render_script("deltanet_gdn", profile)
     return out
 

@@ -1,6 +1,7 @@
 """The tiny suite's data: deterministic, built from held-out splits only, rendered to valid lm-eval YAML."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from state_reduction.evaluation import (
     TINY_METRICS,
     build_tiny_suite,
     render_task_yamls,
+    task_sizes,
 )
 from state_reduction.evaluation.run import HELDOUT_METRICS
 
@@ -69,6 +71,18 @@ def test_sizes_and_formats(manifest):
         assert all(len(r[field]) == k and 0 <= r["label"] < k and len(set(r[field])) == k for r in rows)
         # Labels are shuffled, not always the first option.
         assert len({r["label"] for r in rows}) == k
+
+
+def test_task_sizes_count_the_built_suite(tmp_path, manifest):
+    """The tables' data captions read the built suite: examples per task, and the words of each perplexity task's
+    documents as lm-eval's word perplexity counts them; nothing where no suite is built (and nothing is built)."""
+    sizes = task_sizes(resolve_data_dir())
+    assert {t: s["n_examples"] for t, s in sizes.items()} == {t: v["n_examples"] for t, v in manifest["tasks"].items()}
+    for corpus in ("wiki", "ptb", "books"):
+        words = sum(len(re.split(r"\s+", text)) for text in load_corpus(corpus, "test")["text"])
+        assert sizes[f"tiny_{corpus}_ppl"]["n_words"] == words
+    assert "n_words" not in sizes["tiny_lambada"]
+    assert task_sizes(tmp_path) == {} and not (tmp_path / "eval").exists()
 
 
 def test_examples_come_from_held_out_text(manifest):

@@ -1,6 +1,7 @@
 """Renderers of Tables 1 and 20-24: numbers only from result files, best bold and second underlined,
 holes marked and listed, the paper's values beside ours, figures written."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,35 @@ def test_selector_increase_with_post_rft_cells_measures_them_from_the_dense_rft_
     assert qk[4] == f"**11.0 ± {hw_pre:.1f}**" and qk[6] == f"**6.3 ± {hw_post:.1f}**"  # paired by seed: 5, 5, 9
     assert qk[5] == f"**96.3 ± {mean_ci(post).half_width:.1f}**"  # the value keeps its own interval
     assert all(p.stat().st_size > 0 for p in out["figures"])
+
+
+def test_data_caption_names_the_examples_behind_each_column(tmp_path):
+    """Each column's task(s) with the examples the evaluations scored, of how many the split holds and the words of
+    a perplexity task; no caption from results that record no counts (older results, the golden fixtures)."""
+    results = tmp_path / "results"
+    put(results, "deltanet", "baseline", 0.0, False, **metrics(100.0))
+    put(results, "deltanet", "l1", 0.5, False, **metrics(150.0))
+    columns = [lm_tables.METRICS[m] for m in ("wiki_word_perplexity", "lambada_ppl", "zero_shot_avg")]
+    table = lm_tables.Table(None, "table20", "tiny", results_root=results)
+    assert lm_tables.data_caption(table, columns, sizes={}) == ""
+    for path in (results / "tiny" / "deltanet_gdn").glob("*.json"):
+        record = json.loads(path.read_text())
+        record["extra"] = {"n_examples": {"tiny_wiki_ppl": 4, "tiny_lambada": 100, "tiny_continuation": 100,
+                                          "tiny_next_sentence": 100 if "baseline" in path.name else 90}}
+        path.write_text(json.dumps(record))
+    sizes = {"tiny_wiki_ppl": {"n_examples": 4, "n_words": 19636}, "tiny_lambada": {"n_examples": 261}}
+    caption = lm_tables.data_caption(lm_tables.Table(None, "table20", "tiny", results_root=results), columns, sizes)
+    assert caption == ("Data per evaluation: Wiki ↓ = tiny_wiki_ppl: 4 documents (the whole test split, 19,636 words)"
+                       " | LMB ↓ = tiny_lambada: 100 examples (of 261) | ZS ↑ = tiny_lambada: 100 examples (of 261);"
+                       " tiny_continuation: 100 examples; tiny_next_sentence: 90-100 examples.")
+
+
+def test_metric_tasks_follow_the_suites():
+    from state_reduction.evaluation.run import metric_tasks
+
+    assert metric_tasks("tiny", "wiki_word_perplexity") == ["tiny_wiki_ppl"]
+    assert metric_tasks("tiny", "zero_shot_avg") == ["tiny_lambada", "tiny_continuation", "tiny_next_sentence"]
+    assert metric_tasks("tiny_ppl", "zero_shot_avg") == []  # a perplexity-only suite averages nothing
+    assert metric_tasks("tiny_longctx", "ruler_256_acc") == ["tiny_passkey_256", "tiny_kv_256"]  # a mean over tasks
+    assert metric_tasks("tiny_longctx", "niah_256_acc") == ["tiny_passkey_256"]
+    assert metric_tasks("tiny_books", "wiki_word_perplexity") == []

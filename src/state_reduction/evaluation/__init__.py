@@ -16,6 +16,7 @@ from state_reduction.evaluation.tiny_suite import (
     TASKS,
     build_tiny_suite,
     render_task_yamls,
+    task_sizes,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "evaluate",
     "load_causal_lm",
     "render_task_yamls",
+    "task_sizes",
 ]

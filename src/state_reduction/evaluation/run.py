@@ -110,6 +110,19 @@ SUITES = {"tiny": TINY_METRICS, "paper": PAPER_METRICS,
           "tiny_books": {"tiny_books_ppl": HELDOUT_METRICS["tiny_books_ppl"]},
           "paper_c4": {"c4": HELDOUT_METRICS["c4"]},
           "tiny_longctx": TINY_LONGCTX, "paper_longctx": PAPER_LONGCTX, "tiny_mqar": TINY_MQAR}
+def metric_tasks(suite: str, metric: str) -> list[str]:
+    """The tasks of `suite` behind one of its metrics: the task that reports it; for `zero_shot_avg`, the tasks whose
+    metric is counted in the average; for a mean over tasks (SUITE_MEANS), the tasks of its parts. [] when the suite
+    has no such metric (e.g. a column read from another suite)."""
+    table = SUITES.get(suite, {})
+    reported = {key: task for task, entries in table.items() for _, key, _ in entries}
+    if metric == "zero_shot_avg":
+        return [task for task, entries in table.items() if any(in_avg for *_, in_avg in entries)]
+    if metric in SUITE_MEANS.get(suite, {}):
+        return list(dict.fromkeys(reported[part] for part in SUITE_MEANS[suite][metric] if part in reported))
+    return [reported[metric]] if metric in reported else []
+
+
 # Suites scored by their own function instead of lm-eval: suite -> f(model, batch_size, max_length, limit, data_dir).
 DIRECT_SUITES = {"tiny_mqar": lambda model, batch_size, max_length, limit, data_dir: run_mqar_suite(
     model, batch_size=batch_size, max_length=max_length, limit=int(limit) if limit else None, data_dir=data_dir)}

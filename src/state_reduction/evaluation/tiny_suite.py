@@ -93,8 +93,8 @@ def _paragraphs(corpus: str, text: str) -> list[list[str]]:
     return [[s for s in block if len(s.split()) >= MIN_SENTENCE_WORDS] for block in blocks]
 
 
-def _documents(corpus: str, data_dir) -> list[tuple[str, list[list[str]]]]:
-    ds = load_corpus(corpus, SPLIT, data_dir=data_dir)
+def _documents(corpus: str, ds) -> list[tuple[str, list[list[str]]]]:
+    """The documents of a loaded split (`load_corpus`) as (id, paragraphs)."""
     return [(f"{corpus}/{doc_id}", _paragraphs(corpus, text)) for doc_id, text in zip(ds["id"], ds["text"])]
 
 
@@ -241,10 +241,11 @@ def build_tiny_suite(data_dir=None, force: bool = False) -> dict:
             return manifest
 
     out.mkdir(parents=True, exist_ok=True)
-    docs_by_corpus = {c: _documents(c, data_dir) for c in ("wiki", "books", "ptb")}
+    splits = {c: load_corpus(c, SPLIT, data_dir=data_dir) for c in ("wiki", "books", "ptb")}  # each read once
+    docs_by_corpus = {c: _documents(c, ds) for c, ds in splits.items()}
     rows = {}
     for corpus in ("wiki", "ptb", "books"):
-        ds = load_corpus(corpus, SPLIT, data_dir=data_dir)
+        ds = splits[corpus]
         rows[f"tiny_{corpus}_ppl"] = _ppl_rows([(f"{corpus}/{i}", t) for i, t in zip(ds["id"], ds["text"])])
     # One generator per task, seeded by its name: changing one task never reshuffles another.
     rows["tiny_lambada"] = _lambada_rows(docs_by_corpus, random.Random(f"{SEED}:tiny_lambada"))
@@ -260,6 +261,24 @@ def build_tiny_suite(data_dir=None, force: bool = False) -> dict:
     manifest = {"suite": "tiny", "build_version": BUILD_VERSION, "seed": SEED, "corpora": corpus_sha, "tasks": tasks}
     write_json_atomic(manifest_path, manifest)
     return _located(manifest, out)
+
+
+def task_sizes(data_dir=None) -> dict[str, dict]:
+    """What each task of the built suite holds, for the tables' data captions: {task: {"n_examples": N}}, with
+    "n_words" (whitespace-separated, as lm-eval's word perplexity counts them) for the rolling-perplexity tasks.
+    {} when the suite has not been built under data_dir (nothing is built here)."""
+    path = suite_dir(data_dir) / "manifest.json"
+    if not path.is_file():
+        return {}
+    manifest = _located(json.loads(path.read_text()), path.parent)
+    sizes = {}
+    for name, task in manifest["tasks"].items():
+        sizes[name] = {"n_examples": int(task["n_examples"])}
+        data_file = Path(task["data_file"])
+        if name.endswith("_ppl") and data_file.is_file():
+            rows = [json.loads(line) for line in data_file.read_text(encoding="utf-8").splitlines() if line]
+            sizes[name]["n_words"] = sum(len(re.split(r"\s+", row["text"])) for row in rows)
+    return sizes
 
 
 def render_task_yamls(manifest: dict, out_dir: str | Path) -> Path:
