@@ -388,6 +388,7 @@ def plot_increase(t: Table, stem: Path) -> list[Path]:
                 ax.bar(range(len(bars)), rises, yerr=errs, capsize=3,
                        color=["tab:red" if n.endswith("(ours)") else "tab:gray" for n in names])
                 ax.set_xticks(range(len(bars)), names, rotation=60, ha="right", fontsize=7)
+                clip_outlier(ax, rises, errs)
             ax.axhline(0, color="k", lw=0.8)
             ax.set_title(f"{model}, {_pct(ratio)}" + ((", post-RFT" if rft else ", pre-RFT") if len(states) > 1 else ""),
                          fontsize=8)
@@ -395,6 +396,20 @@ def plot_increase(t: Table, stem: Path) -> list[Path]:
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite), mean ± 95% CI over seeds", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, stem)
+
+
+def clip_outlier(ax, rises, errs, factor: float = 3.0, headroom: float = 1.25) -> float | None:
+    """A bar whose top is over `factor` times the next tallest (Rand's, often) would flatten the others: the axis
+    then stops at `headroom` times the next tallest and the clipped bar carries its value. The limit, or None."""
+    tops = sorted(r + e for r, e in zip(rises, errs))
+    if len(tops) < 3 or tops[-2] <= 0 or tops[-1] <= factor * tops[-2]:
+        return None
+    limit = headroom * tops[-2]
+    ax.set_ylim(min(0.0, *(r - e for r, e in zip(rises, errs))) * 1.1, limit)
+    for i, (r, e) in enumerate(zip(rises, errs)):
+        if r + e > limit:
+            ax.text(i, 0.97 * limit, f"{r:+,.0f} (clipped)", ha="center", va="top", rotation=90, fontsize=6)
+    return limit
 
 
 def calibration_sources(t: Table) -> list[str]:

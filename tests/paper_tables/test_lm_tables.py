@@ -222,3 +222,20 @@ def test_metric_tasks_follow_the_suites():
     assert metric_tasks("tiny_longctx", "ruler_256_acc") == ["tiny_passkey_256", "tiny_kv_256"]  # a mean over tasks
     assert metric_tasks("tiny_longctx", "niah_256_acc") == ["tiny_passkey_256"]
     assert metric_tasks("tiny_books", "wiki_word_perplexity") == []
+
+
+def test_an_outlier_bar_is_clipped_with_its_value_written():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    rises, errs = [100.0, 120.0, 9000.0, -20.0], [10.0, 5.0, 400.0, 3.0]
+    ax.bar(range(4), rises, yerr=errs)
+    assert lm_tables.clip_outlier(ax, rises, errs) == pytest.approx(1.25 * 125.0)
+    assert ax.get_ylim()[1] == pytest.approx(156.25) and ax.get_ylim()[0] < -23.0
+    assert [t.get_text() for t in ax.texts] == ["+9,000 (clipped)"]
+    fig2, ax2 = plt.subplots()
+    assert lm_tables.clip_outlier(ax2, [100.0, 120.0, 300.0], [0.0, 0.0, 0.0]) is None and not ax2.texts
+    plt.close("all")
