@@ -21,8 +21,8 @@ def fresh_tqdm(monkeypatch):
     """tqdm as imported: without the default an earlier CLI call in this process may have added."""
     init = tqdm_std.tqdm.__dict__["__init__"]
     if isinstance(init, functools.partialmethod) and "mininterval" in init.keywords:
-        init = functools.partialmethod(init.func, *init.args,
-                                       **{k: v for k, v in init.keywords.items() if k != "mininterval"})
+        init = functools.partialmethod(init.func, *init.args, **{k: v for k, v in init.keywords.items()
+                                                                 if k not in ("mininterval", "delay")})
     monkeypatch.setattr(tqdm_std.tqdm, "__init__", init)
     monkeypatch.delenv("TQDM_MININTERVAL", raising=False)
 
@@ -34,7 +34,7 @@ def _redraws(**kw) -> int:
     return out.getvalue().count("\r")
 
 
-def test_off_a_terminal_bars_redraw_only_at_start_and_end(fresh_tqdm):
+def test_off_a_terminal_short_bars_are_silent_and_long_ones_redraw_rarely(fresh_tqdm):
     loud = _redraws(mininterval=0.05)
     quiet_progress_off_tty(io.StringIO())
     once = tqdm_std.tqdm.__dict__["__init__"]
@@ -42,8 +42,13 @@ def test_off_a_terminal_bars_redraw_only_at_start_and_end(fresh_tqdm):
     assert tqdm_std.tqdm.__dict__["__init__"] is once  # a second call adds nothing
     bar = tqdm_std.tqdm(range(3), file=io.StringIO())
     assert bar.mininterval == QUIET_PROGRESS_INTERVAL_S
-    assert _redraws() <= 3 < loud
+    assert bar.delay == QUIET_PROGRESS_INTERVAL_S
+    assert _redraws() == 0 < loud  # ended within the delay: not a line in the log
     assert tqdm_std.tqdm(range(3), file=io.StringIO(), mininterval=0.5).mininterval == 0.5
+    shown = io.StringIO()  # a bar past its delay is drawn, and its last state written when it closes
+    for _ in tqdm_std.tqdm(range(3), file=shown, delay=0.02, mininterval=0.01):
+        time.sleep(0.03)
+    assert "3/3" in shown.getvalue()
 
 
 def test_on_a_terminal_or_with_a_users_interval_nothing_changes(fresh_tqdm, monkeypatch):
