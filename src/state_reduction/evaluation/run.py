@@ -45,13 +45,14 @@ PAPER_METRICS: dict[str, list[tuple[str, str, bool]]] = {
 
 # The same choices on the offline stand-ins: acc_norm for the HellaSwag-like task, acc for the
 # LAMBADA-like and the 2-way (WinoGrande-like) tasks.
+def _rolling_ppl(corpus: str) -> list[tuple[str, str, bool]]:
+    """A rolling-perplexity task's metrics, named after its corpus (none counted in zero_shot_avg)."""
+    return [(m, f"{corpus}_{m}", False) for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]
+
+
 TINY_METRICS: dict[str, list[tuple[str, str, bool]]] = {
-    "tiny_wiki_ppl": [("word_perplexity", "wiki_word_perplexity", False),
-                      ("byte_perplexity", "wiki_byte_perplexity", False),
-                      ("bits_per_byte", "wiki_bits_per_byte", False)],
-    "tiny_ptb_ppl": [("word_perplexity", "ptb_word_perplexity", False),
-                     ("byte_perplexity", "ptb_byte_perplexity", False),
-                     ("bits_per_byte", "ptb_bits_per_byte", False)],
+    "tiny_wiki_ppl": _rolling_ppl("wiki"),
+    "tiny_ptb_ppl": _rolling_ppl("ptb"),
     "tiny_lambada": [("acc", "lambada_acc", True), ("perplexity", "lambada_ppl", False)],
     "tiny_continuation": [("acc_norm", "continuation_acc_norm", True), ("acc", "continuation_acc", False)],
     "tiny_next_sentence": [("acc", "next_sentence_acc", True), ("acc_norm", "next_sentence_acc_norm", False)],
@@ -59,9 +60,7 @@ TINY_METRICS: dict[str, list[tuple[str, str, bool]]] = {
 # A second held-out corpus for ptb-calibrated sweeps (the selector benchmark): the books test split, and on the
 # paper profile the first validation shard of C4 (lm-eval's `c4` task). Neither is part of the suites above.
 HELDOUT_METRICS: dict[str, list[tuple[str, str, bool]]] = {
-    "tiny_books_ppl": [("word_perplexity", "books_word_perplexity", False),
-                       ("byte_perplexity", "books_byte_perplexity", False),
-                       ("bits_per_byte", "books_bits_per_byte", False)],
+    "tiny_books_ppl": _rolling_ppl("books"),
     "c4": [("word_perplexity", "c4_word_perplexity", False), ("bits_per_byte", "c4_bits_per_byte", False)],
 }
 
