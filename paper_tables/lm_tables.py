@@ -683,22 +683,21 @@ def data_caption(t: Table, metrics: list[Metric], sizes: dict | None = None) -> 
     """The data behind each column: its task(s), the examples each evaluation scored (documents for a perplexity)
     and, on the tiny profile, of how many the task holds and the words of a perplexity task's documents (`sizes`:
     tiny_suite.task_sizes). "" when no result the table reads records its counts (older results; the fixtures)."""
-    if not t.n_examples:
+    if not t.n_examples and not any(t.companion(m.table).n_examples for m in metrics if m.table is not None):
         return ""
     if sizes is None:
         sizes = task_sizes() if t.profile == "tiny" else {}
     parts = []
     for metric in metrics:
-        if metric.table is not None:  # a companion's column: its own table says what it scored
-            continue
-        tasks = [task for task in metric_tasks(t.suite, metric.id) if task in t.n_examples]
+        source = t if metric.table is None else t.companion(metric.table)  # a companion's column: what it scored
+        tasks = [task for task in metric_tasks(source.suite, metric.id) if task in source.n_examples]
         described = []
         for task in tasks:
-            scored = sorted(t.n_examples[task])
+            scored = sorted(source.n_examples[task])
             n = str(scored[0]) if len(scored) == 1 else f"{scored[0]}-{scored[-1]}"
             size = sizes.get(task, {})
             whole = size.get("n_examples")
-            unit = "documents" if task.endswith("_ppl") else "examples"
+            unit = "documents" if task.endswith("_ppl") else "queries" if source.suite == "tiny_mqar" else "examples"
             text = f"{task}: {n} {unit}"
             if whole is not None:
                 text += " (the whole test split" if scored == [whole] else f" (of {whole}"

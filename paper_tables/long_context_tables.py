@@ -26,6 +26,7 @@ from paper_tables.lm_tables import (
     _fmt,
     _plain,
     companion_caption,
+    data_caption,
     reference_rows,
     report,
     to_latex,
@@ -143,10 +144,10 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
     metrics = layout["columns"]
     header, rows = LAYOUTS[layout["layout"]](t, metrics)
     md, tex = to_markdown(header, rows), to_latex(t, header, rows)
-    caption = companion_caption(t, metrics)
-    if caption:
-        md += "\n" + caption + "\n"
-        tex += "% " + caption + "\n"
+    for caption in (companion_caption(t, metrics), data_caption(t, metrics)):
+        if caption:
+            md += "\n" + caption + "\n"
+            tex += "% " + caption + "\n"
     written = write_outputs(table, profile, out_root, tex, md, comparison(t, metrics))
     written["figures"] = plot(t, metrics, (figures_root or ROOT / "figures") / profile / table)
     if not quiet:

@@ -80,3 +80,20 @@ def test_render_run_runs_the_table_then_its_companions(monkeypatch):
     paper_tables.run_missing("table12", "tiny")
     assert ran == [("table11", "tiny"), ("recall_table11", "tiny"), ("table11", "paper"), ("table12", "tiny"),
                    ("recall_table12", "tiny")]
+
+
+def test_a_companion_columns_data_caption_counts_the_companions_queries(tmp_path):
+    """Table 4's MQAR columns say how many queries the recall models' evaluations scored (the companion's results),
+    while its own long-context columns, whose results record no counts here, say nothing."""
+    import json
+
+    write_fixtures(tmp_path, tables=["table4"], profiles=["tiny"])
+    for path in (tmp_path / "tiny" / "long_context").glob("*mqar*.json"):
+        record = json.loads(path.read_text())
+        record["extra"] = {"n_examples": {"mqar_32_p2": 2048, "mqar_32_p8": 2504}}
+        path.write_text(json.dumps(record))
+    t = Table("long_context", "table4", "tiny", tmp_path)
+    columns = [METRICS["ruler_512_acc"], METRICS["mqar_32_p2_acc"].of_table("recall_table4"),
+               METRICS["mqar_32_p8_acc"].of_table("recall_table4")]
+    assert paper_tables.lm_tables.data_caption(t, columns, sizes={}) == (
+        "Data per evaluation: MQAR 32/2 ↑ = mqar_32_p2: 2048 queries | MQAR 32/8 ↑ = mqar_32_p8: 2504 queries.")
