@@ -405,7 +405,8 @@ def clip_outlier(ax, rises, errs, factor: float = 3.0, headroom: float = 1.25) -
     if len(tops) < 3 or tops[-2] <= 0 or tops[-1] <= factor * tops[-2]:
         return None
     limit = headroom * tops[-2]
-    ax.set_ylim(min(0.0, *(r - e for r, e in zip(rises, errs))) * 1.1, limit)
+    # the clipped bar's own interval does not set the bottom either
+    ax.set_ylim(min(0.0, *(r - e for r, e in zip(rises, errs) if r + e <= limit)) * 1.1, limit)
     for i, (r, e) in enumerate(zip(rises, errs)):
         if r + e > limit:
             ax.text(i, 0.97 * limit, f"{r:+,.0f} (clipped)", ha="center", va="top", rotation=90, fontsize=6)
