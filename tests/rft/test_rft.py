@@ -270,3 +270,19 @@ def test_paper_recipe_micro_batches_by_default():
     paper = RFTConfig.from_preset("paper", "s", "t", "o")
     assert paper.micro_batch_size == 2 and paper.batch_size == 16 and paper.seq_len == 2048
     assert RFTConfig.from_preset("tiny", "s", "t", "o").micro_batch_size is None
+
+
+def test_ce_weight_is_checked_and_keeps_earlier_keys():
+    from state_reduction.rft import RFTConfig
+
+    base = RFTConfig.tiny_preset("s", "t", "o")
+    assert "ce_weight" not in base.identity()  # at 1.0: every RFT key made before the field existed is unchanged
+    kd_only = RFTConfig.tiny_preset("s", "t", "o", ce_weight=0.0)
+    assert kd_only.identity()["ce_weight"] == 0.0 and kd_only.hash() != base.hash()
+    kd_only.validate()
+    for bad, words in ((dict(ce_weight=-1.0), "ce_weight must be >= 0"),
+                       (dict(ce_weight=0.0, kd_weight=0.0), "needs a teacher and kd_weight > 0")):
+        with pytest.raises(RFTError, match=words):
+            RFTConfig.tiny_preset("s", "t", "o", **bad).validate()
+    with pytest.raises(RFTError, match="needs a teacher"):
+        RFTConfig.tiny_preset("s", None, "o", ce_weight=0.0).validate()

@@ -12,6 +12,7 @@ from state_reduction.pipeline.spec import (
     ModelSpec,
     PipelineError,
     ProfileSpec,
+    RFT_VARY,
     PruneSettings,
     SlurmSettings,
     SpecError,
@@ -25,6 +26,7 @@ from state_reduction.pipeline.spec import (
     profile_spec,
     profile_tables,
     resolve_model_path,
+    rft_settings,
     table_cells,
     table_evaluate,
     table_methods,
@@ -57,10 +59,10 @@ from state_reduction.pipeline.workers import run_table, run_tasks_in_workers
 
 __all__ = [
     "CONTROL", "EXPERIMENTS_DIR", "STAGES", "STAGE_REGISTRY", "VARY_SETTINGS", "AnalyzeSettings", "Cell",
-    "EvaluateSettings", "ExperimentSpec", "ModelSpec", "PipelineError", "ProfileSpec", "PruneSettings", "Runner",
+    "EvaluateSettings", "ExperimentSpec", "ModelSpec", "PipelineError", "ProfileSpec", "RFT_VARY", "PruneSettings", "Runner",
     "SlurmSettings", "SpecError", "Stage", "TableSpec", "Task", "check_context", "clean_models", "collect",
     "expand_vary", "experiment_path", "find_experiment", "find_task", "get_stage", "load_experiment", "load_spec",
     "mirror", "offline_cache", "parse_spec", "plan_table", "plan_tasks", "profile_spec", "profile_tables", "prune_kind", "register_stage",
-    "require_hub_for", "resolve_model_path", "run_table", "run_task", "run_tasks_in_workers", "stage_jobs", "table_cells", "table_evaluate",
+    "require_hub_for", "resolve_model_path", "rft_settings", "run_table", "run_task", "run_tasks_in_workers", "stage_jobs", "table_cells", "table_evaluate",
     "table_methods", "table_profiles", "table_seeds", "table_variations", "task_jobs", "vary_suffix", "_Runner", "_stage_jobs",
 ]

@@ -326,6 +326,15 @@ class Cell:
     def name(self) -> str:
         return f"{self.model}-{self.method}-r{round(self.ratio * 100)}" + vary_suffix(self.vary)
 
+    def pruning(self) -> Cell:
+        """The cell without its RFT-setting overrides (RFT_VARY): the pruned model and pre-RFT evaluation that every
+        RFT budget of one replicate shares."""
+        return Cell(self.model, self.method, self.ratio, tuple((k, v) for k, v in self.vary if k not in RFT_VARY))
+
+    def rft_overrides(self) -> dict:
+        """The RFT-config fields this cell's `vary:` sets (rft_steps: 96 -> {"steps": 96}); {} for the recipe's own."""
+        return {k[len("rft_"):]: v for k, v in self.vary if k in RFT_VARY}
+
 
 # The dense+RFT control of a table with `control: true` (issue 15): the dense model fine-tuned with the table's
 # RFT recipe and budget, evaluated post-RFT only, so that recovery can be read against it rather than against a
@@ -378,6 +387,7 @@ def table_cells(spec: dict, table: str, profile: str, seeds=None) -> tuple[list[
         cells += [Cell(k, CONTROL, 0.0) for k in keys]
     cells = expand_vary(spec, table, profile, cells, seeds)
     _check_budgets(spec, table, profile, cells)
+    _check_rft_vary(spec, table, profile, cells, rft_states)
     return keys, cells, rft_states
 
 
@@ -427,8 +437,50 @@ VARY_SETTINGS = {"select": "sel", "calib": "cal", "n_calib": "n", "seq_len": "le
 VARY_DEFAULTS = {"budget": "uniform", "budget_floor": 1, "budget_granularity": "layer", "allow_layer_removal": False}
 
 
+# RFT settings a table may vary too (issue 15 item 4: the tiny RFT budget), `rft_<RFTConfig field>`, each with the
+# tag of its name suffix; their default is the profile's resolved RFT recipe (rft_settings). A cell that varies them
+# shares its pruned model and pre-RFT evaluation with the plain cell (Cell.pruning).
+RFT_VARY = {"rft_steps": "steps", "rft_lr": "lr", "rft_ce_weight": "ce", "rft_kd_weight": "kd",
+            "rft_kd_temperature": "kdT", "rft_warmup_steps": "warm", "rft_rank": "rank", "rft_weight_decay": "wd"}
+
+
 def vary_suffix(vary) -> str:
-    return "".join(f"-{VARY_SETTINGS[k]}_{v}" for k, v in vary)
+    tags = {**VARY_SETTINGS, **RFT_VARY}
+    return "".join(f"-{tags[k]}_{v}" for k, v in vary)
+
+
+def rft_settings(spec: dict, profile: str) -> dict:
+    """Every field of the profile's RFT recipe as resolved (dataclass defaults, preset, the profile's overrides); {}
+    for a profile without `rft:`."""
+    rft = profile_spec(spec, profile).get("rft")
+    if rft is None:
+        return {}
+    overrides = {k: v for k, v in rft.items() if k != "preset"}
+    return RFTConfig.from_preset(rft["preset"], "<pruned>", "<dense>", "<out>", profile=profile, **overrides).to_dict()
+
+
+def _check_rft_vary(spec: dict, table: str, profile: str, cells: list[Cell], rft_states) -> None:
+    """Cells that vary RFT settings need post-RFT cells and a profile recipe, and each budget must be a valid RFT
+    config: refused when the table is planned, naming the table and the settings."""
+    budgets = list(dict.fromkeys(tuple(sorted(c.rft_overrides().items())) for c in cells if c.rft_overrides()))
+    if not budgets:
+        return
+    where = f"{table} of experiment {spec['experiment']!r} ({profile})"
+    if set(rft_states) != {False, True}:
+        raise PipelineError(f"{where} varies RFT settings ({', '.join(f'rft_{k}' for k, _ in budgets[0])}) and "
+                            f"needs `rft: [false, true]` (got {list(rft_states)}): each budget is read against the "
+                            "pruned model it starts from")
+    rft = profile_spec(spec, profile).get("rft")
+    if rft is None:
+        raise PipelineError(f"{where} varies RFT settings but profile {profile!r} has no `rft:` recipe")
+    base = {k: v for k, v in rft.items() if k != "preset"}
+    for budget in budgets:
+        try:
+            RFTConfig.from_preset(rft["preset"], "<pruned>", "<dense>", "<out>", profile=profile,
+                                  **{**base, **dict(budget)}).validate()
+        except Error as e:
+            settings = ", ".join(f"rft_{k}={v!r}" for k, v in budget)
+            raise PipelineError(f"{where}: RFT budget {settings}: {e}") from None
 
 
 def table_variations(spec: dict, table: str, profile: str) -> list[tuple[tuple[str, object], ...]]:
@@ -438,13 +490,14 @@ def table_variations(spec: dict, table: str, profile: str) -> list[tuple[tuple[s
     vary = spec["tables"][table].get("vary")
     if not vary:
         return [()]
-    defaults = {"select": spec.get("select", "kq"), **VARY_DEFAULTS, **profile_spec(spec, profile)["prune"]}
+    defaults = {"select": spec.get("select", "kq"), **VARY_DEFAULTS, **profile_spec(spec, profile)["prune"],
+                **{f"rft_{k}": v for k, v in rft_settings(spec, profile).items()}}
     out = []
     for block in vary if isinstance(vary, list) else [vary]:
-        unknown = [k for k in block if k not in VARY_SETTINGS]
+        unknown = [k for k in block if k not in VARY_SETTINGS and k not in RFT_VARY]
         if unknown:
             raise PipelineError(f"{table} of experiment {spec['experiment']!r} varies {unknown}; "
-                                f"settings that can vary: {', '.join(VARY_SETTINGS)}")
+                                f"settings that can vary: {', '.join([*VARY_SETTINGS, *RFT_VARY])}")
         names = sorted(block)
         lists = []
         for k in names:

@@ -170,6 +170,7 @@ class Runner:
         return self.base_config(cell.model, stage, cell.method, cell.ratio, cell.vary)
 
     def prune_config(self, cell: Cell) -> dict:
+        cell = cell.pruning()  # every RFT budget of a replicate fine-tunes the same pruned model
         return {**self._base(cell, "prune"), "select": self.spec.get("select", "kq"), **self.p["prune"],
                 **dict(cell.vary)}
 
@@ -180,12 +181,15 @@ class Runner:
         seeded = {"seed": seed} if seed is not None else {}
         # the recipe's resolved values (dataclass defaults, preset, the profile's overrides, the replicate's seed) are
         # part of the key: editing any of them reruns RFT and what follows, and the dry-run plan shows them
-        overrides = {k: v for k, v in rft.items() if k != "preset"} | seeded
+        budget = cell.rft_overrides()  # a table's `vary: {rft_<field>: ...}` (spec.RFT_VARY)
+        overrides = {k: v for k, v in rft.items() if k != "preset"} | seeded | budget
         recipe = RFTConfig.from_preset(rft["preset"], "<pruned>", "<dense>", "<out>", profile=self.profile,
                                        **overrides).recipe()
-        return {**self._base(cell, "rft"), "pruned": pruned, **rft, **seeded, "preset_values": recipe}
+        return {**self._base(cell, "rft"), "pruned": pruned, **rft, **seeded, **budget, "preset_values": recipe}
 
     def eval_config(self, cell: Cell, rft: bool) -> dict:
+        if not rft:
+            cell = cell.pruning()  # a pruned model's evaluation is one for all its RFT budgets
         if cell.method == "baseline":
             of = "dense"
         else:
@@ -206,6 +210,7 @@ class Runner:
     def ensure_pruned(self, cell: Cell) -> Path:
         if cell.method == CONTROL:  # the control fine-tunes the dense model itself
             return Path(self.dense(cell.model)["path"])
+        cell = cell.pruning()
         config = self.prune_config(cell)
         folder = self.model_dir(cell, "prune", config)
         if not is_complete(folder):  # published whole, marker last (atomic.publishing); selection.json or shed.json
@@ -400,7 +405,8 @@ def stage_jobs(runner: Runner, keys, cells, rft_states, stages):
     if "baseline" in stages:
         base = [Cell(k, "baseline", 0.0) for k in keys]
         yield "baseline", [(f"{c.name}-eval{sfx}", runner.eval_config(c, False)) for c in base], runner.run_eval
-    pruned = [c for c in cells if c.method != CONTROL]  # the control has no pruning and no pre-RFT evaluation
+    # the control has no pruning and no pre-RFT evaluation; the RFT budgets of one replicate share both
+    pruned = list(dict.fromkeys(c.pruning() for c in cells if c.method != CONTROL))
     if "prune" in stages:
         yield "prune", [(f"{c.name}-prune", runner.prune_config(c)) for c in pruned], runner.run_prune
     if False in rft_states and "eval-pre" in stages:

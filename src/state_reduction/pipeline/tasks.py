@@ -42,7 +42,7 @@ class Task:
     def stages(self) -> tuple[str, ...]:
         if self.cell is None:
             return ("baseline",)
-        if self.cell.method == CONTROL:
+        if self.cell.method == CONTROL or self.cell.rft_overrides():  # the prune is the plain cell's task
             return ("rft", "eval-post")
         return ("prune",) + (("eval-pre",) if False in self.rft_states else ()) + \
             (("rft", "eval-post") if True in self.rft_states else ())
@@ -52,7 +52,7 @@ class Task:
         """Its result files' names (without .json), as run_table names them."""
         if self.cell is None:
             return [f"{Cell(self.model, 'baseline', 0.0).name}-eval{sfx}" for sfx in dict(self.evals)]
-        if self.cell.method == CONTROL:
+        if self.cell.method == CONTROL or self.cell.rft_overrides():
             return [f"{self.cell.name}-rft"] + [f"{self.cell.name}-eval-post{sfx}" for sfx, rft in self.evals if rft]
         names = [f"{self.cell.name}-prune"] + ([f"{self.cell.name}-rft"] if True in self.rft_states else [])
         return names + [f"{self.cell.name}-eval-{'post' if rft else 'pre'}{sfx}" for sfx, rft in self.evals]
@@ -70,7 +70,9 @@ def _eval_variants(spec: dict, profile: str, tables) -> dict[str, tuple[dict, st
 def plan_tasks(experiment: str, profile: str = "tiny", tables=None, seeds=None) -> list[Task]:
     """The tasks of `tables` (default: every table of the experiment defined on `profile`) on `profile`: one per model for the
     dense baseline, then one per distinct cell (a cell shared by several tables is one task, with the
-    evaluations each of them needs), in table order. `seeds`: replicate seeds, as run-table --seeds."""
+    evaluations each of them needs), in table order. A cell with an RFT budget of its own (spec.RFT_VARY) is a task
+    of RFT and post-RFT evaluation; its pruned model and pre-RFT evaluation are the task of the plain cell
+    (Cell.pruning), which its RFT needs first. `seeds`: replicate seeds, as run-table --seeds."""
     spec = load_experiment(experiment)
     tables = list(tables or profile_tables(spec, profile))
     models, cells = {}, {}
@@ -80,7 +82,10 @@ def plan_tasks(experiment: str, profile: str = "tiny", tables=None, seeds=None) 
         for k in keys:
             models.setdefault(k, {})[(sfx, False)] = None
         for c in table_cells_:
-            states = (True,) if c.method == CONTROL else rft_states
+            if c.rft_overrides() and c.method != CONTROL:
+                plain = cells.setdefault(c.pruning(), {})
+                plain.update(dict.fromkeys((sfx, False) for rft in rft_states if not rft))
+            states = (True,) if c.method == CONTROL or c.rft_overrides() else rft_states
             cells.setdefault(c, {}).update(dict.fromkeys((sfx, rft) for rft in states))
     return ([Task(f"{k}-baseline", k, None, tuple(e)) for k, e in models.items()]
             + [Task(c.name, c.model, c, tuple(e)) for c, e in cells.items()])

@@ -56,8 +56,14 @@ def run_tasks_in_workers(experiment: str, table: str, profile: str, workers: int
     experiment = experiment or find_experiment(table)
     tasks = plan_tasks(experiment, profile, [table], seeds)
     threads = max(1, torch.get_num_threads() // workers)
-    jobs = [(experiment, t.name, profile, [table], tuple(stages), results_root, data_dir, seeds) for t in tasks]
+    # the tasks of cells with an RFT budget of their own run after every other: they fine-tune the pruned model of the
+    # plain cell's task, which two of them must not make at once
+    phases = [[t for t in tasks if t.cell is None or not t.cell.rft_overrides()],
+              [t for t in tasks if t.cell is not None and t.cell.rft_overrides()]]
+    paths = []
     # spawn: a fresh interpreter per worker (a forked torch with live OpenMP threads can deadlock)
-    with multiprocessing.get_context("spawn").Pool(min(workers, len(jobs)), _worker_init, (threads,)) as pool:
-        paths = [p for done in pool.imap(_run_task_in_worker, jobs, chunksize=1) for p in done]
+    with multiprocessing.get_context("spawn").Pool(min(workers, len(tasks)), _worker_init, (threads,)) as pool:
+        for phase in phases:
+            jobs = [(experiment, t.name, profile, [table], tuple(stages), results_root, data_dir, seeds) for t in phase]
+            paths += [p for done in pool.imap(_run_task_in_worker, jobs, chunksize=1) for p in done]
     return list(dict.fromkeys(paths))

@@ -23,6 +23,9 @@ class RFTError(Error, ValueError):
 NON_IDENTITY = ("out", "resume", "overwrite", "threads", "progress", "wandb", "wandb_project", "log_every",
                 "save_every", "device", "micro_batch_size", "distributed", "eval_corpora", "eval_seq_len",
                 "experiment")
+# Fields added after results were keyed, at the value that reproduces the earlier computation: left out of the
+# identity (and so of every RFT key) at that value, so earlier runs and results stay valid.
+ADDED_FIELDS = {"ce_weight": 1.0}
 
 
 @dataclass
@@ -59,6 +62,8 @@ class RFTConfig:
     train_extra: list[str] = field(default_factory=lambda: ["conv1d", "norm", "bias"])
     kd_temperature: float = 2.0
     kd_weight: float = 1.0
+    # weight of the cross-entropy on the data; 0: distillation only (the student fits the teacher, not the corpus)
+    ce_weight: float = 1.0
     seed: int = 0
     save_every: int = 200
     resume: bool = False
@@ -97,6 +102,11 @@ class RFTConfig:
                            f"{self.warmup_steps}, {self.min_lr_ratio}")
         if self.kd_temperature <= 0:
             raise RFTError(f"kd_temperature must be positive, got {self.kd_temperature}")
+        if self.kd_weight < 0 or self.ce_weight < 0:
+            raise RFTError(f"kd_weight and ce_weight must be >= 0, got {self.kd_weight} and {self.ce_weight}")
+        if self.ce_weight == 0 and (self.teacher is None or self.kd_weight == 0):
+            raise RFTError("ce_weight 0 (distillation only) needs a teacher and kd_weight > 0: the loss would be "
+                           f"zero (teacher {self.teacher!r}, kd_weight {self.kd_weight})")
         if self.distributed not in ("auto", "none", "ddp", "fsdp"):
             raise RFTError(f"distributed must be auto, none, ddp or fsdp, got {self.distributed!r}")
         if self.wandb not in (None, "offline", "online", "disabled"):
@@ -111,7 +121,8 @@ class RFTConfig:
 
     def identity(self) -> dict:
         """The fields that determine the computation (what a resumed run must share)."""
-        return {k: v for k, v in self.to_dict().items() if k not in NON_IDENTITY}
+        return {k: v for k, v in self.to_dict().items()
+                if k not in NON_IDENTITY and not (k in ADDED_FIELDS and v == ADDED_FIELDS[k])}
 
     def recipe(self) -> dict:
         """The identity fields without the models: every value that decides what RFT computes (the pipeline's

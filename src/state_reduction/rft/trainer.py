@@ -62,8 +62,10 @@ LOG_FILE = "log.jsonl"
 # ---------------------------------------------------------------------------------------------- loss
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor | None, input_ids: torch.Tensor,
-                      temperature: float, kd_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(CE + kd_weight * T^2 * KL(teacher_T || student_T), CE, KL), each a mean over next-token positions.
+                      temperature: float, kd_weight: float,
+                      ce_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ce_weight * CE + kd_weight * T^2 * KL(teacher_T || student_T), CE, KL), each a mean over next-token
+    positions; ce_weight 0 is distillation only.
 
     logits [B, T, V], input_ids [B, T]; position t predicts token t + 1 (the last position is dropped)."""
     s = student_logits[:, :-1].float().flatten(0, 1)  # [B*(T-1), V]
@@ -73,7 +75,8 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     t = teacher_logits[:, :-1].float().flatten(0, 1)
     kl = F.kl_div(F.log_softmax(s / temperature, -1), F.log_softmax(t / temperature, -1), log_target=True,
                   reduction="batchmean")
-    return ce + kd_weight * temperature ** 2 * kl, ce, kl
+    kd = kd_weight * temperature ** 2 * kl
+    return (ce + kd if ce_weight == 1.0 else ce_weight * ce + kd), ce, kl
 
 
 # ------------------------------------------------------------------------------------- distribution
@@ -612,7 +615,8 @@ def _loop(cfg: RFTConfig, ctx: DistContext, run: _Run, logger: _Logger, stop_aft
                     with torch.no_grad():
                         t_logits = teacher(input_ids=x).logits
                 s_logits = run.wrapped(input_ids=x).logits
-                loss, ce, kl = distillation_loss(s_logits, t_logits, x, cfg.kd_temperature, cfg.kd_weight)
+                loss, ce, kl = distillation_loss(s_logits, t_logits, x, cfg.kd_temperature, cfg.kd_weight,
+                                                  cfg.ce_weight)
                 (loss / n_micro).backward()
             sums += torch.tensor([loss.item(), ce.item(), kl.item()], dtype=torch.float64) / n_micro
         loss_v, ce_v, kl_v = ctx.mean(sums.tolist())
