@@ -28,8 +28,10 @@ from paper_tables.metrics import METRICS, Metric, TableSpecError
 from paper_tables.writers import fmt as _fmt
 from state_reduction.pipeline import (
     CONTROL,
+    RFT_VARY,
     load_experiment,
     profile_spec,
+    rft_settings,
     table_cells,
     table_evaluate,
     table_methods,
@@ -76,7 +78,9 @@ class Table:
         self.evaluate = table_evaluate(self.spec, table, profile)[0]  # the profile's, or the table's own (Table 12)
         self.suite = self.evaluate["suite"]
         self.control = any(c.method == CONTROL for c in self.cells)
-        wanted = {(c.model, c.method, c.ratio, c.vary) for c in self.cells}
+        self.rft_defaults = {f"rft_{k}": v for k, v in rft_settings(self.spec, profile).items()}
+        # a cell with an RFT budget of its own (vary: rft_<field>) reads its pre-RFT row from the plain cell's
+        wanted = {(c.model, c.method, c.ratio, v) for c in self.cells for v in (c.vary, c.pruning().vary)}
         # (model, method, ratio, rft) -> {replicate (the cell's vary): metrics}; one replicate per seed
         frame = results_frame(self.spec["experiment"], profile, results_root)
         # evaluated with the table's settings (not those of another table of the experiment), and a cell, replicate
@@ -98,8 +102,11 @@ class Table:
                 self.missing.append(f"{m}-baseline-r0-eval")
             for c in self.cells:
                 for rft in (True,) if c.method == CONTROL else self.rft_states:
-                    if c.model == m and c.vary not in self.values.get((c.model, c.method, c.ratio, rft), {}):
-                        self.missing.append(f"{c.name}-eval-{'post' if rft else 'pre'}")
+                    cell = c if rft else c.pruning()
+                    name = f"{cell.name}-eval-{'post' if rft else 'pre'}"
+                    if c.model == m and cell.vary not in self.values.get((c.model, c.method, c.ratio, rft), {}) \
+                            and name not in self.missing:
+                        self.missing.append(name)
 
     def companion(self, table: str) -> Table:
         """The companion table whose cells a column reads (Metric.table), built once with its own seeds; its holes
@@ -118,7 +125,8 @@ class Table:
         """The metric of every replicate of the cell (scaled), in replicate order; finite values only. A column read
         from a companion table (Metric.table) takes the same cell of the companion's model in this model's place.
         `where` keeps the replicates whose pruning settings have these values (a setting a replicate does not vary
-        is the profile's own), e.g. {"calib": "books"}: one calibration source of a table that varies it."""
+        is the profile's own), e.g. {"calib": "books"}: one calibration source of a table that varies it; RFT
+        settings (rft_steps: 96, spec.RFT_VARY) select the dense+RFT control's replicates too."""
         if metric.table is not None:
             other = self.companion(metric.table)
             return other.samples(other.models[self.models.index(model)], method, ratio, rft, metric.of_table(None),
@@ -126,13 +134,18 @@ class Table:
         ratio = 0.0 if method in ("baseline", CONTROL) else ratio
         key, scale = metric.id, metric.scale
         runs = self.values.get((model, method, ratio, rft), {})
-        kept = sorted((v for v in runs if method in ("baseline", CONTROL) or self._agrees(v, where)), key=str)
+        if method == CONTROL:  # no pruning settings, but one replicate per RFT budget
+            where = {k: v for k, v in (where or {}).items() if k in RFT_VARY}
+        kept = sorted((v for v in runs if method == "baseline" or self._agrees(v, where)), key=str)
         values = [runs[v].get(key) for v in kept]
         return [v * scale for v in values if v is not None and math.isfinite(v)]
 
+    def setting(self, vary: tuple, name: str):
+        """A replicate's value of a pruning or RFT setting: its `vary` override, else the profile's own."""
+        return dict(vary).get(name, self.rft_defaults.get(name) if name in RFT_VARY else self.p["prune"].get(name))
+
     def _agrees(self, vary: tuple, where: dict | None) -> bool:
-        settings = dict(vary)
-        return all(settings.get(k, self.p["prune"].get(k)) == v for k, v in (where or {}).items())
+        return all(self.setting(vary, k) == v for k, v in (where or {}).items())
 
     def get(self, model, method, ratio, rft, metric, where: dict | None = None):
         """The mean over the cell's replicates (None: no result)."""
@@ -150,8 +163,7 @@ class Table:
         counts = set()
         for (m, method, r, rft), runs in self.values.items():
             if method != "baseline":
-                counts.update(Counter(tuple(dict(v).get(k, self.p["prune"].get(k)) for k in self.split)
-                                      for v in runs).values())
+                counts.update(Counter(tuple(self.setting(v, k) for k in self.split) for v in runs).values())
         return sorted(counts)
 
     def cell(self, model, method, ratio, rft, metric, mark="", where: dict | None = None):
@@ -480,15 +492,170 @@ def plot_calibration_sources(t: Table, stem: Path) -> list[Path]:
     fig.tight_layout()
     return save_figure(fig, stem)
 
+def rft_budgets(t: Table) -> list[dict]:
+    """The RFT budgets of a table that varies RFT settings (spec.RFT_VARY), each {rft_<field>: value} over the varied
+    fields (the recipe's own value where a cell keeps it), in config order."""
+    keys = sorted({k for c in t.cells for k, _ in c.vary if k in RFT_VARY})
+    return [dict(b) for b in dict.fromkeys(tuple((k, t.setting(c.vary, k)) for k in keys) for c in t.cells)]
+
+
+def budget_label(budget: dict) -> str:
+    names = {"rft_steps": "steps", "rft_lr": "lr", "rft_ce_weight": "CE weight"}
+    return ", ".join(f"{names.get(k, k[len('rft_'):])} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}"
+                     for k, v in budget.items())
+
+
+def by_seed(t: Table, model, method, ratio, rft, metric, where: dict | None = None) -> dict:
+    """{seed: value} of a cell's replicates that agree with `where` (the seed of a replicate: its vary, else the
+    profile's)."""
+    ratio = 0.0 if method in ("baseline", CONTROL) else ratio
+    runs = t.values.get((model, method, ratio, rft), {})
+    if method == CONTROL:
+        where = {k: v for k, v in (where or {}).items() if k in RFT_VARY}
+    out = {}
+    for vary, metrics in runs.items():
+        value = metrics.get(metric.id)
+        if t._agrees(vary, where) and value is not None and math.isfinite(value):
+            out[t.setting(vary, "seed")] = value * metric.scale
+    return out
+
+
+def _relative_change(a: dict, b: dict | float) -> tuple[float | None, float | None]:
+    """Mean and 95% half-width (t, over seeds) of 100 * (a - b) / b in percent; `b` a number (the dense model, one
+    deterministic evaluation) or {seed: value} paired with `a` by seed."""
+    if isinstance(b, dict):
+        seeds = sorted(set(a) & set(b))
+        rel = [100 * (a[s] - b[s]) / b[s] for s in seeds]
+    else:
+        rel = [100 * (v - b) / b for v in a.values()] if b else []
+    if not rel:
+        return None, None
+    ci = mean_ci(rel)
+    return ci.mean, ci.half_width
+
+
+# The rule that picks the tiny RFT budget (experiments/rft/README.md, written before the sweep's numbers were read):
+# a budget is admissible when its dense+RFT control stays within +-ADMISSIBLE_PCT of the dense model on the held-out
+# corpus (the whole 95% CI), i.e. fine-tuning alone neither gains nor loses there: a recovery step, not continued
+# pretraining. Among the admissible budgets, the one with the lowest mean post-RFT value of the reduced cell, except
+# that a cheaper budget (fewer steps, then lower lr) whose paired-by-seed difference from it has a CI containing 0
+# is preferred.
+ADMISSIBLE_PCT = 1.0
+
+
+def pick_budget(t: Table, model, method, ratio, metric, budgets: list[dict]) -> tuple[dict | None, list[dict]]:
+    """(the chosen budget or None, the admissible budgets) of `model` by the rule above."""
+    dense = t.get(model, "baseline", 0.0, False, metric)
+    admissible = []
+    for b in budgets:
+        mean, hw = _relative_change(by_seed(t, model, CONTROL, 0.0, True, metric, b), dense)
+        if mean is not None and hw is not None and abs(mean) + hw <= ADMISSIBLE_PCT:
+            admissible.append(b)
+    post = {tuple(b.items()): by_seed(t, model, method, ratio, True, metric, b) for b in admissible}
+    ranked = [b for b in admissible if post[tuple(b.items())]]
+    if not ranked:
+        return None, admissible
+    sign = 1 if metric.lower_is_better else -1
+    best = min(ranked, key=lambda b: sign * sum(post[tuple(b.items())].values()) / len(post[tuple(b.items())]))
+    cost = lambda b: (b.get("rft_steps", t.rft_defaults.get("rft_steps")), b.get("rft_lr", t.rft_defaults.get("rft_lr")))  # noqa: E731
+    for b in sorted(ranked, key=cost):
+        if cost(b) >= cost(best):
+            break
+        a, c = post[tuple(b.items())], post[tuple(best.items())]
+        seeds = sorted(set(a) & set(c))
+        if len(seeds) > 1:
+            ci = diff_ci([a[s] for s in seeds], [c[s] for s in seeds], paired=True)
+            if ci.low <= 0 <= ci.high:
+                return b, admissible
+    return best, admissible
+
+
+def layout_rft_budget(t: Table, metrics: list[Metric]):
+    """The RFT budget sweep (issue 15 item 4): per model the dense model and the reduced cell pre-RFT, then per budget
+    the dense+RFT control and the reduced cell post-RFT, each with its change over the dense model in percent, and
+    the reduced cell's paired change over the control of the same budget and seed (mean ± 95% t-interval over the
+    replicate seeds); the last column marks the admissible budgets and the one pick_budget chooses."""
+    metric = metrics[0]
+    method, ratio = t.methods[0], t.ratios[0]
+    name = f"{METHOD_NAMES.get(method, method)} {_pct(ratio)}"
+    label = metric.label
+    header = ["Model", "RFT budget", f"Dense+RFT {label}", "Dense+RFT change over dense (%)",
+              f"{name} {label}", f"{name} change over dense (%)", f"{name} change over dense+RFT (%)", "Pick"]
+    budgets = rft_budgets(t)
+    rows = []
+    for model in t.models:
+        dense = t.get(model, "baseline", 0.0, False, metric)
+        pre = by_seed(t, model, method, ratio, False, metric)
+        hole = (None, "", None)
+        rows.append([t.model_label(model), "none (dense)", hole, hole, t.cell(model, "baseline", 0.0, False, metric),
+                     (0.0, "", None), hole, ""])
+        pre_mean, pre_hw = _relative_change(pre, dense)
+        rows.append(["", "none (pre-RFT)", hole, hole, t.cell(model, method, ratio, False, metric),
+                     (pre_mean, "", pre_hw), hole, ""])
+        chosen, admissible = pick_budget(t, model, method, ratio, metric, budgets)
+        for b in budgets:
+            control = by_seed(t, model, CONTROL, 0.0, True, metric, b)
+            post = by_seed(t, model, method, ratio, True, metric, b)
+            c_mean, c_hw = _relative_change(control, dense)
+            p_mean, p_hw = _relative_change(post, dense)
+            r_mean, r_hw = _relative_change(post, control)
+            pick = "chosen" if b == chosen else "admissible" if b in admissible else ""
+            rows.append(["", budget_label(b), t.cell(model, CONTROL, 0.0, True, metric, where=b), (c_mean, "", c_hw),
+                         t.cell(model, method, ratio, True, metric, where=b), (p_mean, "", p_hw), (r_mean, "", r_hw),
+                         pick])
+    return header, rows
+
+
+def plot_rft_budget(t: Table, stem: Path) -> list[Path]:
+    """One panel per model: per RFT budget the change over the dense model (percent) of the dense+RFT control and of
+    the reduced cell post-RFT, bars with the 95% t-interval over seeds; the reduced cell pre-RFT dashed, the
+    admissible band (±ADMISSIBLE_PCT) shaded."""
+    metric = table_spec.render_spec(t.spec, t.table, t.profile, LAYOUTS, t.experiment)["columns"][0]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    method, ratio = t.methods[0], t.ratios[0]
+    budgets = rft_budgets(t)
+    fig, axes = plt.subplots(1, len(t.models), figsize=(0.9 * len(budgets) + 2.5, 3.8) if len(t.models) == 1
+                             else (4.5 * len(t.models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], t.models):
+        dense = t.get(model, "baseline", 0.0, False, metric)
+        for j, (who, colour) in enumerate(((CONTROL, "tab:gray"), (method, "tab:blue"))):
+            xs, ys, errs = [], [], []
+            for i, b in enumerate(budgets):
+                mean, hw = _relative_change(by_seed(t, model, who, ratio, True, metric, b), dense)
+                if mean is not None:
+                    xs.append(i + (j - 0.5) * 0.4)
+                    ys.append(mean)
+                    errs.append(hw or 0.0)
+            ax.bar(xs, ys, 0.4, yerr=errs, capsize=2, color=colour,
+                   label=f"{METHOD_NAMES.get(who, who)}{'' if who == CONTROL else ' ' + _pct(ratio)} post-RFT")
+        pre, _ = _relative_change(by_seed(t, model, method, ratio, False, metric), dense)
+        if pre is not None:
+            ax.axhline(pre, color="tab:blue", ls="--", lw=1, label="pre-RFT")
+        ax.axhspan(-ADMISSIBLE_PCT, ADMISSIBLE_PCT, color="tab:green", alpha=0.15, label=f"±{ADMISSIBLE_PCT:g}%")
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xticks(range(len(budgets)), [budget_label(b).replace(", ", "\n") for b in budgets], fontsize=6)
+        ax.set_title(f"{model}", fontsize=8)
+        ax.set_ylabel(f"{_plain(metric.label)}: change from dense (%)", fontsize=7)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite), mean ± 95% CI over seeds", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, stem)
+
 # the layouts a table's `render: {layout: ...}` may name (paper_tables/spec.py)
 LAYOUTS = {"pre_post": layout_pre_post, "ratios_post": layout_ratios_post, "zero_shot": layout_zero_shot,
            "method_columns": layout_method_columns, "models_ratios": layout_models_ratios,
            "ratio_zero_shot": layout_ratio_zero_shot, "configurations": layout_configurations,
-           "selector_increase": layout_selector_increase, "calibration_sources": layout_calibration_sources}
+           "selector_increase": layout_selector_increase, "calibration_sources": layout_calibration_sources,
+           "rft_budget": layout_rft_budget}
 # layouts whose rows are the values of a varied setting (the others average a cell over all its replicates)
-LAYOUT_SPLITS = {"calibration_sources": ("calib",)}
+LAYOUT_SPLITS = {"calibration_sources": ("calib",), "rft_budget": tuple(RFT_VARY)}
 # layouts with their own figure (the others: `plot`)
-PLOTS = {"selector_increase": plot_increase, "calibration_sources": plot_calibration_sources}
+PLOTS = {"selector_increase": plot_increase, "calibration_sources": plot_calibration_sources,
+         "rft_budget": plot_rft_budget}
 # the metrics set beside the paper's, where the paper's rows have them
 COMPARED = [WIKI, LMB, ZS] + [METRICS[k] for k in ACCURACIES["paper"]] + LONG_CONTEXT + TINY_LONG_CONTEXT
 
