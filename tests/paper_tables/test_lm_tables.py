@@ -239,3 +239,52 @@ def test_an_outlier_bar_is_clipped_with_its_value_written():
     fig2, ax2 = plt.subplots()
     assert lm_tables.clip_outlier(ax2, [100.0, 120.0, 300.0], [0.0, 0.0, 0.0]) is None and not ax2.texts
     plt.close("all")
+
+
+def test_rft_budget_layout_reads_each_budget_against_dense_and_its_control_and_applies_the_rule(tmp_path):
+    """rft_budget: per budget the dense+RFT control's and DRRQR's change over dense (%) and DRRQR's seed-paired change
+    over the control of the same budget; a budget whose control leaves the ±1% band is not admissible, and the rule
+    picks the admissible one with the lowest post-RFT value. Budgets without results are holes, listed as missing."""
+    from state_reduction.results import config_key
+    from state_reduction.stats import mean_ci
+
+    base = {"experiment": "rft", "model": "deltanet", "suite": "tiny_books", "batch_size": 8, "max_length": 256,
+            "limit": None}
+    kd = {"rft_ce_weight": 0.0, "rft_steps": 96}
+    series = [("dense", "baseline", 0.0, False, {}, [1000.0]),
+              ("pre", "drrqr", 0.5, False, {}, [1060.0, 1064.0, 1062.0]),
+              ("ctl", CONTROL_NAME, 0.0, True, {}, [1050.0, 1040.0, 1060.0]),  # +5%: continued pretraining
+              ("post", "drrqr", 0.5, True, {}, [1070.0, 1060.0, 1065.0]),
+              ("ctl-kd", CONTROL_NAME, 0.0, True, kd, [1001.0, 1000.0, 1002.0]),
+              ("post-kd", "drrqr", 0.5, True, kd, [1020.0, 1022.0, 1021.0])]
+    for tag, method, ratio, rft, budget, vs in series:
+        for seed, v in enumerate(vs):
+            vary = {**budget, **({"seed": seed} if seed else {})}
+            stage = "baseline" if method == "baseline" else "eval-post" if rft else "eval-pre"
+            config = {**base, "stage": stage, "method": method, "ratio": ratio,
+                      "rft": rft, **({"vary": vary} if vary else {})}
+            r = build_result("evaluate", profile="tiny", experiment="rft", config=config,
+                             metrics={"books_word_perplexity": v}, wall_time_s=1.0)
+            r["config_key"] = config_key(config)
+            write_result(tmp_path / "results" / "tiny" / "rft" / f"{tag}-{seed}.json", r)
+    out = lm_tables.render("rft_budget", "tiny", results_root=tmp_path / "results", out_root=tmp_path / "out",
+                           figures_root=tmp_path / "figures", quiet=True)
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in out["md"].read_text().splitlines()
+            if ln.startswith("|") and "---" not in ln]
+    header, body = rows[0], rows[1:]
+    assert header[1] == "RFT budget" and header[-1] == "Pick" and len(body) == 2 + 8 + 2 + 8
+    by = {r[1]: r for r in body[:10]}
+    assert by["none (pre-RFT)"][5] == f"6.2 ± {mean_ci([6.0, 6.4, 6.2]).half_width:.1f}"
+    recipe = by["CE weight 1, lr 0.001, steps 32"]
+    assert recipe[3].startswith("5.0 ± ") and recipe[-1] == ""  # the control leaves the band
+    chosen = by["CE weight 0, lr 0.001, steps 96"]
+    paired = mean_ci([100 * (p - c) / c for p, c in zip([1020.0, 1022.0, 1021.0], [1001.0, 1000.0, 1002.0])])
+    assert chosen[3] == f"0.1 ± {mean_ci([0.1, 0.0, 0.2]).half_width:.1f}" and chosen[5].startswith("2.1 ± ")
+    assert chosen[6] == f"{paired.mean:.1f} ± {paired.half_width:.1f}" and chosen[-1] == "chosen"
+    assert by["CE weight 1, lr 0.0003, steps 96"][2] == "--"  # no results: a hole
+    assert "deltanet-dense-r0-lr_0.0003-steps_96-eval-post" in out["missing"]
+    assert "deltanet-drrqr-r50-eval-pre" not in out["missing"]  # every budget reads the one pre-RFT evaluation
+    assert all(p.stat().st_size > 0 for p in out["figures"])
+
+
+CONTROL_NAME = "dense"

@@ -286,3 +286,22 @@ def test_ce_weight_is_checked_and_keeps_earlier_keys():
             RFTConfig.tiny_preset("s", "t", "o", **bad).validate()
     with pytest.raises(RFTError, match="needs a teacher"):
         RFTConfig.tiny_preset("s", None, "o", ce_weight=0.0).validate()
+
+
+def test_distillation_only_dense_model_moves_under_adam(tmp_path, dense_deltanet, small_config):
+    """Distillation only (ce_weight 0) on the dense model: the loss and its gradient start at rounding level (the
+    student is its teacher), yet AdamW (eps 1e-15) normalises that gradient into lr-sized steps, so one step moves the
+    model: the dense model is a stationary point of the kd-only loss but not a fixed point of RFT (experiments/rft)."""
+    from state_reduction.backend import install_cpu_backend
+    from state_reduction.checkpoints import load_model
+
+    install_cpu_backend()
+    record = run_rft(small_config(dense_deltanet, dense_deltanet, tmp_path / "kd", ce_weight=0.0, steps=1,
+                                  warmup_steps=0))
+    log = [json.loads(line) for line in (tmp_path / "kd" / "log.jsonl").read_text().splitlines()]
+    assert abs(log[0]["loss"]) < 1e-5, log[0]
+    ids = torch.randint(0, 100, (1, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = load_model(dense_deltanet).eval()(input_ids=ids).logits
+        after = load_model(record["model"]["path"]).eval()(input_ids=ids).logits
+    assert (after - before).abs().max().item() > 1e-2
