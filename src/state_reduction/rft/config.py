@@ -187,6 +187,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "resume": True,  # a rerun (make) continues a killed run or returns the finished record
     },
 }
+# The budget the RFT budget sweep chose for both tiny families by its rule (experiments/rft/README.md): distillation
+# only (the dense model's books ppl moves < 0.3%, so it is a recovery step, not continued pretraining), 96 steps, lr
+# 1e-3; the rest as `tiny`. Table 20 (experiments/deltanet_gdn) uses it; the other experiments still run `tiny`.
+PRESETS["tiny-recovery"] = {**PRESETS["tiny"], "steps": 96, "ce_weight": 0.0, "save_every": 32}
 
 
 def config_diff(saved: dict, current: dict) -> list[str]:
