@@ -165,6 +165,22 @@ def test_cli_prints_verdicts_and_one_line_errors(experiment, capsys):
     assert err.count("\n") == 0 and "no_cell" in err
 
 
+def test_render_summary_decides_what_is_here_and_counts_the_claims_without_results(experiment, tmp_path):
+    """What `make <table>` prints after rendering: a one-seed run is inconclusive, a claim with no results counted."""
+    declare, root, _ = experiment
+    single = tmp_path / "single"
+    _write_results(single, ppl={"drrqr": [100.0], "l1": [120.0]})
+    declare(_claim("drrqr_beats_l1", "drrqr", "<", "l1", pair_by="seed"), _claim("rand_vs_drrqr", "rand", ">", "drrqr"))
+    lines = claims.render_summary("toy", "tiny", single)
+    assert "inconclusive  drrqr_beats_l1" in lines[1] and "one sample, no CI" in lines[1]
+    assert lines[2] == "(1 of 2 claims have no results here: rand_vs_drrqr)"
+    assert "verdicts_tiny.json" in lines[-1] and "state-reduction verdicts toy --profile tiny --write" in lines[-1]
+    lines = claims.render_summary("toy", "tiny", root)
+    assert "holds  drrqr_beats_l1" in lines[1] and "inconclusive  rand_vs_drrqr" in lines[2] and len(lines) == 4
+    declare()
+    assert claims.render_summary("toy", "tiny", root) == []
+
+
 @pytest.mark.parametrize("experiment_name", claims.experiments_with_claims())
 def test_every_readme_verdict_block_is_current(experiment_name):
     """The README block of every experiment with claims equals the one generated from its committed evidence."""

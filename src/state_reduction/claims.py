@@ -535,6 +535,37 @@ def check_readme(experiment: str, profile: str = "tiny") -> list[str]:
 
 # -- command line --------------------------------------------------------------------------------------------
 
+def verdict_line(v: Verdict) -> str:
+    return (f"- {v.status:>13}  {v.claim.id}: lhs {_fmt_interval(v.lhs)}, rhs "
+            f"{_fmt(v.rhs) if isinstance(v.rhs, float) else _fmt_interval(v.rhs)}, difference "
+            f"{v.diff.format(4)}{'; ' + v.reason if v.reason else ''}")
+
+
+def render_summary(experiment: str, profile: str = "tiny", results_root=None) -> list[str]:
+    """What `make <table>` prints after rendering: the experiment's claims decided from the results present now
+    (a one-seed run gives "inconclusive, one sample"), the claims whose results are not here counted, and where the
+    README's block (decided from the committed evidence) comes from. [] when the experiment declares no claims."""
+    claims = load_claims(experiment, profile)
+    if not claims:
+        return []
+    rows = result_rows(profile, experiment, results_root)
+    lines = [f"## verdicts of {experiment}'s claims from every result here ({profile}; all seeds present, not only "
+             "the table's)"]
+    missing = []
+    for c in claims:
+        try:
+            lines.append(verdict_line(_decide_from_rows(c, rows)))
+        except NoResultError:
+            missing.append(c.id)
+    if missing:
+        lines.append(f"({len(missing)} of {len(claims)} claims have no results here: {', '.join(missing[:4])}"
+                     f"{', ...' if len(missing) > 4 else ''})")
+    lines.append(f"The README block is decided from {_rel(evidence_path(experiment, profile))}; "
+                 f"`state-reduction verdicts {experiment} --profile {profile} --write` rewrites both from these "
+                 "results.")
+    return lines
+
+
 def _cmd_verdicts(args) -> int:
     experiments = args.experiments or experiments_with_claims()
     if not experiments:
@@ -549,9 +580,7 @@ def _cmd_verdicts(args) -> int:
             evaluate_claims(exp, args.profile, args.results_root, args.keep)
         print(f"## {exp} ({args.profile})")
         for v in verdicts:
-            print(f"- {v.status:>13}  {v.claim.id}: lhs {_fmt_interval(v.lhs)}, rhs "
-                  f"{_fmt(v.rhs) if isinstance(v.rhs, float) else _fmt_interval(v.rhs)}, difference "
-                  f"{v.diff.format(4)}{'; ' + v.reason if v.reason else ''}")
+            print(verdict_line(v))
         if args.write:
             print(f"wrote {_rel(evidence_path(exp, args.profile))} and the block in "
                   f"{_rel(readme_path(exp))}")

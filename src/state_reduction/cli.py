@@ -209,7 +209,25 @@ def _cmd_render(args) -> int:
     if isinstance(out, list):  # renderers that do not print their outputs themselves
         for path in out:
             print(path)
+    for line in _table_verdicts(args):
+        print(line)
     return 0
+
+
+def _table_verdicts(args) -> list[str]:
+    """The claims of the experiment that declares the table, decided from the results present (claims.py)."""
+    from state_reduction import claims
+    from state_reduction.pipeline import PipelineError, find_experiment
+
+    experiment = args.experiment
+    if experiment is None:
+        try:
+            experiment = find_experiment(args.table)
+        except PipelineError:  # a renderer of its own (speed tables, ralimp_synthetic): no experiment config
+            return []
+    if "/" in experiment or experiment.endswith(".yaml"):
+        return []  # a config file given by path: its claims are not the committed experiment's
+    return claims.render_summary(experiment, args.profile, args.results_root)
 
 
 class OneLineParser(argparse.ArgumentParser):
