@@ -53,6 +53,7 @@ class AblationTable:
         self.paper = reference_rows(table)
         self.seeds = table_seeds(self.spec, table, profile)
         self.replicate_counts: set[int] = set()
+        self.caption_notes = ""  # what a layout adds to the replicate caption
 
     def replicated(self, model, method, ratio, **settings) -> tuple[float | None, float | None, int]:
         """Mean, 95% t half-width (None below two replicates) and count over the table's replicate seeds of the
@@ -95,16 +96,22 @@ class AblationTable:
 
 # -- layouts: (header, rows, paper header, paper rows); a cell is a string or (value, mark) -----------------------
 def layout_coupled(t: AblationTable):
-    """Table 16: method rows; per model K,Q | K | Q; best bold, second underlined among the three selections."""
+    """Table 16: method rows; per model K,Q | K | Q; best bold, second underlined among the three selections (by the
+    mean over the table's replicate seeds, with its 95% half-width where there are two or more)."""
     selects = ["kq", "k", "q"]
     short = {m: m if t.profile == "tiny" else t.p["models"][m]["stands_for"][0] for m in t.models}
     header = ["Method"] + [f"{short[m]} {SELECT_TEX[s]}" for m in t.models for s in selects]
     rows = []
+    means = {}
     for method in t.spec["methods"]:
         cells = [METHOD_NAMES[method]]
         for model in t.models:
-            vals = [t.get(model, method, t.cells[0].ratio, t.our_vary(select=s)) for s in selects]
-            cells += list(zip(vals, rank_marks(vals, True)))
+            reps = [t.replicated(model, method, t.cells[0].ratio, select=s) for s in selects]
+            t.replicate_counts.update(n for _, _, n in reps if n)
+            vals = [v for v, _, _ in reps]
+            means.update({(model, method, s): v for s, v in zip(selects, vals)})
+            cells += [(v, mark) if hw is None else (v, mark, hw)
+                      for (v, hw, _), mark in zip(reps, rank_marks(vals, True))]
         rows.append(cells)
     rows.append(["Baseline"] + [(t.get(m, "baseline", 0.0), "") if s == "kq" else "" for m in t.models for s in selects])
     paper_header = ["paper model", "ours", "method", "selection", "Wiki ours", "Wiki paper"]
@@ -113,7 +120,8 @@ def layout_coupled(t: AblationTable):
         model = t.our_model(r["model"])
         if model is None:
             continue
-        ours = t.get(model, r["method"], r["ratio"], t.our_vary(select=r["select"] or t.defaults["select"]))
+        select = r["select"] or t.defaults["select"]
+        ours = t.get(model, "baseline", 0.0) if r["method"] == "baseline" else means.get((model, r["method"], select))
         paper_rows.append([r["model"], model, METHOD_NAMES[r["method"]], SELECT_NAMES.get(r["select"], "--"),
                            _fmt(ours), _fmt(r["wiki_ppl"])])
     return header, rows, paper_header, paper_rows
@@ -128,6 +136,7 @@ def layout_calibration(t: AblationTable):
     """Tables 2 and 7: one row per calibration setting of the paper, DRRQR and Grad; the better of the two bold.
     A last row gives each method's spread across the rows (max/min)."""
     with_n = t.table != "table2"
+    t.caption_notes = " A row that names its seed is that one draw. The spread row is max/min of the means."
     corpora = t.corpus_map()
     settings = []
     for r in t.paper:
@@ -178,8 +187,7 @@ def replicate_caption(t: AblationTable) -> str:
     counts = sorted(t.replicate_counts)
     n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     return (f"\nMean ± half-width of the 95% t-interval over {n} calibration draws per cell (seeds "
-            f"{', '.join(map(str, t.seeds))}); a row that names its seed is that one draw. The spread row is max/min "
-            f"of the means.\n")
+            f"{', '.join(map(str, t.seeds))}; a cell without ± has one draw).{t.caption_notes}\n")
 
 
 def to_latex(t: AblationTable, header, rows) -> str:

@@ -48,9 +48,13 @@ def test_table20_names_and_keys_are_unchanged():
 def test_table16_crosses_selection_with_every_method_and_model():
     spec = load_experiment("coupled_selection")
     models, cells, rft = table_cells(spec, "table16", "tiny")
-    assert models == ["deltanet", "gated_deltanet"] and rft == (False,) and len(cells) == 2 * 4 * 3
+    # tiny: 3 replicate calibration draws (seeds 0, 1, 2; seed 0 is the profile's own and carries no suffix)
+    assert models == ["deltanet", "gated_deltanet"] and rft == (False,) and len(cells) == 2 * 4 * 3 * 3
     names = [c.name for c in cells]
-    assert names[:3] == ["deltanet-l1-r50", "deltanet-l1-r50-sel_k", "deltanet-l1-r50-sel_q"]  # kq: the default
+    first = [n for n in names if "seed" not in n]
+    assert len(first) == 2 * 4 * 3
+    assert first[:3] == ["deltanet-l1-r50", "deltanet-l1-r50-sel_k", "deltanet-l1-r50-sel_q"]  # kq: the default
+    assert {dict(c.vary).get("seed") for c in cells} == {None, 1, 2}
     assert {c.method for c in cells} == {"l1", "drrqr", "grad", "wanda"} and {c.ratio for c in cells} == {0.5}
     models, cells, _ = table_cells(spec, "table16", "paper")
     assert len(models) == 4 and len(cells) == 4 * 4 * 3
@@ -157,5 +161,7 @@ def test_table2_shows_the_mean_and_interval_over_the_calibration_draws(tmp_path)
     body = rows(out["md"])
     # mean 42, half-width t(0.975, 2) * 2 / sqrt(3) = 4.97; a corpus with one draw shows it alone
     assert body[0] == ["ptb", "**42.0 ± 5.0**", "47.0 ± 5.0"] and body[1] == ["wiki", "**41.0**", "--"]
-    assert "over 1-3 calibration draws per cell (seeds 42, 111, 1234)" in out["md"].read_text()
+    text = out["md"].read_text()
+    assert "over 1-3 calibration draws per cell (seeds 42, 111, 1234; a cell without ± has one draw)" in text
+    assert "A row that names its seed is that one draw. The spread row is max/min of the means." in text
     assert "\\textbf{42.0{\\scriptsize$\\pm$5.0}}" in out["tex"].read_text()
