@@ -177,6 +177,9 @@ def test_render_summary_decides_what_is_here_and_counts_the_claims_without_resul
     assert "verdicts_tiny.json" in lines[-1] and "state-reduction verdicts toy --profile tiny --write" in lines[-1]
     lines = claims.render_summary("toy", "tiny", root)
     assert "holds  drrqr_beats_l1" in lines[1] and "inconclusive  rand_vs_drrqr" in lines[2] and len(lines) == 4
+    declare(_claim("bad_pairing", "drrqr", "<", "l1", pair_by="nope"))  # a claim error is said, the render stands
+    lines = claims.render_summary("toy", "tiny", root)
+    assert lines[1].startswith("- not decided  bad_pairing:") and "'nope'" in lines[1]
     declare()
     assert claims.render_summary("toy", "tiny", root) == []
 

@@ -557,6 +557,8 @@ def render_summary(experiment: str, profile: str = "tiny", results_root=None) ->
             lines.append(verdict_line(_decide_from_rows(c, rows)))
         except NoResultError:
             missing.append(c.id)
+        except ClaimError as e:  # the table is rendered; a claim these results cannot decide is said, not fatal
+            lines.append(f"- not decided  {c.id}: {e.one_line()}")
     if missing:
         lines.append(f"({len(missing)} of {len(claims)} claims have no results here: {', '.join(missing[:4])}"
                      f"{', ...' if len(missing) > 4 else ''})")
