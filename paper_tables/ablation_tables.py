@@ -57,13 +57,15 @@ class AblationTable:
 
     def replicated(self, model, method, ratio, **settings) -> tuple[float | None, float | None, int]:
         """Mean, 95% t half-width (None below two replicates) and count over the table's replicate seeds of the
-        cell with these pruning settings; a setting that names its own seed is that one draw."""
+        cell with these pruning settings; a setting that names its own seed is that one draw. The count is recorded
+        for the caption (replicate_counts)."""
         seeds = [settings.get("seed")] if settings.get("seed") is not None else self.seeds
         vals = [self.get(model, method, ratio, self.our_vary(**{**settings, "seed": s})) for s in seeds]
         present = [v for v in vals if v is not None]
         if not present:
             return None, None, 0
         ci = mean_ci(present)
+        self.replicate_counts.add(len(present))
         return ci.mean, ci.half_width, len(present)
 
     def get(self, model, method, ratio, vary=()):
@@ -107,11 +109,9 @@ def layout_coupled(t: AblationTable):
         cells = [METHOD_NAMES[method]]
         for model in t.models:
             reps = [t.replicated(model, method, t.cells[0].ratio, select=s) for s in selects]
-            t.replicate_counts.update(n for _, _, n in reps if n)
             vals = [v for v, _, _ in reps]
             means.update({(model, method, s): v for s, v in zip(selects, vals)})
-            cells += [(v, mark) if hw is None else (v, mark, hw)
-                      for (v, hw, _), mark in zip(reps, rank_marks(vals, True))]
+            cells += replicate_cells(reps, rank_marks(vals, True))
         rows.append(cells)
     rows.append(["Baseline"] + [(t.get(m, "baseline", 0.0), "") if s == "kq" else "" for m in t.models for s in selects])
     paper_header = ["paper model", "ours", "method", "selection", "Wiki ours", "Wiki paper"]
@@ -150,12 +150,11 @@ def layout_calibration(t: AblationTable):
         cells = [t.replicated(m, meth, t.cells[0].ratio, calib=ours_calib, n_calib=n, seed=seed)
                  for m in t.models for meth in ("drrqr", "grad")]
         vals = [c[0] for c in cells]
-        t.replicate_counts.update(c[2] for c in cells if c[2])
         for meth, v in zip(("drrqr", "grad"), vals):
             columns[meth].append(v)
         marks = [m if m == "best" else "" for m in rank_marks(vals, True)]
         rows.append([_calibration_label(ours_calib, n, seed, with_n)]
-                    + [(v, mark) if hw is None else (v, mark, hw) for (v, hw, _), mark in zip(cells, marks)])
+                    + replicate_cells(cells, marks))
         paper = {r["method"]: r["wiki_ppl"] for r in t.paper if (r["calib"], r.get("n_calib", 128), r.get("seed")) == (calib, n, seed)}
         paper_rows.append([_calibration_label(calib, n, seed, with_n), _calibration_label(ours_calib, n, seed, with_n),
                            _fmt(vals[0]), _fmt(paper.get("drrqr")), _fmt(vals[1]), _fmt(paper.get("grad"))])
@@ -165,6 +164,11 @@ def layout_calibration(t: AblationTable):
         for x in (_ratio(spread(columns[m])), _ratio(spread([r["wiki_ppl"] for r in t.paper if r["method"] == m])))])
     paper_header = ["paper calibration", "ours", "DRRQR ours", "DRRQR paper", "Grad ours", "Grad paper"]
     return header, rows, paper_header, paper_rows
+
+
+def replicate_cells(reps, marks) -> list[tuple]:
+    """Table cells of `replicated` results: (mean, mark), with the half-width where there are two or more."""
+    return [(v, mark) if hw is None else (v, mark, hw) for (v, hw, _), mark in zip(reps, marks)]
 
 
 def _ratio(v) -> str:

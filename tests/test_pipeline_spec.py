@@ -80,7 +80,7 @@ def test_plans_keys_and_slurm_tasks_are_those_of_the_single_module_pipeline(monk
                 assert [n for n, _ in got] == [n for n, _ in jobs], (table, stage)
                 assert all(a != b for (_, a), (_, b) in zip(got, jobs)), (table, stage)
             elif change == "seeds added":
-                extra = [n for n, _ in got if [n, dict(got)[n]] not in jobs]
+                extra = [n for n, key in got if [n, key] not in jobs]
                 assert all(j in got for j in jobs) and extra and all("-seed_" in n for n in extra), (table, stage)
             else:
                 assert got == jobs, (table, stage)
