@@ -20,7 +20,17 @@ from paper_tables import lm_tables
 
 
 def grid(cells):
-    return sorted((c.model, c.method, round(c.ratio * 100)) for c in cells)
+    """(model, method, ratio %) of the base cells: a calibration-seed replicate (a `seed` override) is not listed
+    again, and a base cell planned twice still is."""
+    return sorted((c.model, c.method, round(c.ratio * 100)) for c in cells if "seed" not in dict(c.vary))
+
+
+def seeds_per_cell(cells):
+    """{(model, method, ratio %): sorted calibration seeds}; the base cell (no `seed` override) is seed 0."""
+    out = {}
+    for c in cells:
+        out.setdefault((c.model, c.method, round(c.ratio * 100)), []).append(dict(c.vary).get("seed", 0))
+    return {k: sorted(v) for k, v in out.items()}
 
 
 @pytest.mark.parametrize("profile, codestral, m370", [("tiny", "mamba2", "mamba2"), ("paper", "codestral-7b", "mamba2-370m")])
@@ -31,12 +41,16 @@ def test_mamba2_tables(profile, codestral, m370):
     assert grid(cells) == sorted((codestral, m, 50) for m in ("grad", "drrqr", "l1"))
     models, cells, rft = table_cells(spec, "table8", profile)
     assert models == [m370] and {c.ratio for c in cells} == {0.75}
-    assert [c.method for c in cells] == ["grad", "drrqr", "wanda", "l1", "rand"]  # Table 8's row order
+    assert list(dict.fromkeys(c.method for c in cells)) == ["grad", "drrqr", "wanda", "l1", "rand"]  # Table 8's row order
     models, cells, _ = table_cells(spec, "table10", profile)
     assert grid(cells) == sorted((codestral, m, r) for m in ("grad", "drrqr", "l1") for r in (50, 75))
     models, cells, _ = table_cells(spec, "table9", profile)
     assert models == ([m370] if profile == "tiny" else [m370, codestral])  # one stand-in for both on tiny
-    assert len(cells) == len(models) * 2 * 3
+    n_seeds = 3 if profile == "tiny" else 1  # tiny replicates each cell over calibration seeds 0-2
+    assert len(cells) == len(models) * 2 * 3 * n_seeds
+    for table in ("table3", "table8", "table9", "table10"):
+        _, cells, _ = table_cells(spec, table, profile)
+        assert set(map(tuple, seeds_per_cell(cells).values())) == {tuple(range(n_seeds))}, table
 
 
 @pytest.mark.parametrize("profile, key", [("tiny", "qwen3_5"), ("paper", "qwen3_5-9b")])
