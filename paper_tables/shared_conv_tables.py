@@ -29,12 +29,12 @@ from paper_tables.lm_tables import (
     to_markdown,
     write_outputs,
 )
-from paper_tables.collect import results_frame, runs, where_config
+from paper_tables.collect import in_cells, results_frame, runs, where_config
 from paper_tables.figures import save_figure
 from paper_tables import spec as table_spec
 from paper_tables import writers
 from paper_tables.metrics import Metric
-from state_reduction.pipeline import table_evaluate
+from state_reduction.pipeline import table_evaluate, table_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "pca_vs_shared_conv"
@@ -55,11 +55,14 @@ class SharedConvTable(Table):
         self.suite = settings["suite"]
         frame = results_frame(EXPERIMENT, profile, results_root)
         frame = where_config(frame[frame["kind"] == "evaluate"], settings, strict=True)
+        # the dense rows and the replicates (calibration seeds) of the table's cells, not those of another seed set
+        wanted = {(c.model, c.method, c.ratio, c.vary) for c in self.cells}
+        frame = frame[(frame["method"] == "baseline") | in_cells(frame, wanted)]
         self.values = runs(frame, ["model", "method", "ratio", "rft"])
         self.missing = [f"{m}-baseline-r0-eval{suffix}" for m in self.models
                         if (m, "baseline", 0.0, False) not in self.values]
         self.missing += [f"{c.name}-eval-pre{suffix}" for c in self.cells
-                         if (c.model, c.method, c.ratio, False) not in self.values]
+                         if c.vary not in self.values.get((c.model, c.method, c.ratio, False), {})]
 
     def key_of(self, paper_model: str) -> str | None:
         return next((k for k in self.models if paper_model in self.p["models"][k]["stands_for"]), None)
@@ -69,8 +72,8 @@ class SharedConvTable(Table):
 
 
 def layout_variants(t: SharedConvTable, metrics: list[Metric]):
-    """Table 14: one row per pretrained variant (the dense models); best bold, second underlined among the variants
-    in each column."""
+    """Table 14: one row per pretrained variant (the dense models, one deterministic evaluation each); best bold,
+    second underlined among the variants in each column."""
     header = ["Model", "Shared Conv"] + [m.label for m in metrics]
     columns = [[t.get(k, "baseline", 0.0, False, m) for k in t.models] for m in metrics]
     marks = [rank_marks(col, m.lower_is_better) for col, m in zip(columns, metrics)]
@@ -82,7 +85,8 @@ def layout_variants(t: SharedConvTable, metrics: list[Metric]):
 
 def layout_table15(t: SharedConvTable, metrics: list[Metric] | None = None):
     """(ratio, method) rows as in the paper, then the dense 0% row; one column per model; best bold, second
-    underlined among the methods at a ratio."""
+    underlined among the methods at a ratio (by the mean over the calibration seeds, with its 95% half-width where a
+    cell has two or more)."""
     keys = [t.key_of(name) for name in TABLE15_COLUMNS]
     labels = {TABLE15_COLUMNS[0]: "Non Shared", TABLE15_COLUMNS[1]: "Shared"}
     header = ["Comp.", "Method"] + [f"{labels[n]} ({k})" if t.profile == "tiny" else labels[n]
@@ -93,14 +97,15 @@ def layout_table15(t: SharedConvTable, metrics: list[Metric] | None = None):
         marks = {k: rank_marks(v, True) for k, v in vals.items()}
         for i, method in enumerate(t.methods):
             rows.append([f"{round(ratio * 100)}%" if i == 0 else "", NAMES[method]]
-                        + [(vals[k][i], marks[k][i]) for k in keys])
+                        + [t.cell(k, method, ratio, False, WIKI, marks[k][i]) for k in keys])
     rows.append(["0%", "--"] + [(t.get(k, "baseline", 0.0, False, WIKI), "") for k in keys])
     return header, rows
 
 
 def claims_table15(t: SharedConvTable) -> str:
     """The paper's two claims (appendix C.6.2), ours and the paper's, cell by cell: proper PCA beats adversarial
-    PCA (only with shared filters, the paper says), and Grad beats proper PCA."""
+    PCA (only with shared filters, the paper says), and Grad beats proper PCA. Orderings of the means only; the
+    verdicts with confidence intervals are the experiment's claims (`state-reduction verdicts pca_vs_shared_conv`)."""
     paper = {(r["model"], r["method"], r["ratio"]): r["wiki_ppl"] for r in reference_rows(t.table)}
     rows = []
 
@@ -132,7 +137,9 @@ def comparison_table15(t: SharedConvTable) -> str:
         rows.append([r["model"], key, NAMES[r["method"]], f"{round(r['ratio'] * 100)}%",
                      _fmt(t.get(key, r["method"], r["ratio"], False, WIKI)), _fmt(r["wiki_ppl"])])
     lines += [writers.markdown(["paper model", "ours", "method", "compr.", "Wiki ours", "Wiki paper"], rows),
-              "## The paper's claims (appendix C.6.2), cell by cell", "", claims_table15(t)]
+              "## The paper's claims (appendix C.6.2), cell by cell", "",
+              ("Orderings of the means over the calibration seeds; `state-reduction verdicts pca_vs_shared_conv` "
+               "decides each claim with its 95% CI."), "", claims_table15(t)]
     return "\n".join(lines)
 
 
@@ -158,8 +165,10 @@ def plot(t: SharedConvTable, stem: Path) -> list[Path]:
         for ax, key in zip(axes[0], keys):
             for j, method in enumerate(t.methods):
                 ys = [t.get(key, method, r, False, WIKI) for r in t.ratios]
+                errs = [t.half_width(key, method, r, False, WIKI) or 0.0 for r in t.ratios]
                 ax.bar([i + (j - (len(t.methods) - 1) / 2) * width for i in range(len(t.ratios))],
-                       [y if y is not None else math.nan for y in ys], width, label=NAMES[method])
+                       [y if y is not None else math.nan for y in ys], width, yerr=errs, capsize=2,
+                       label=NAMES[method])
             base = t.get(key, "baseline", 0.0, False, WIKI)
             if base is not None:
                 ax.axhline(base, color="k", ls="--", lw=1, label="dense")
@@ -171,6 +180,18 @@ def plot(t: SharedConvTable, stem: Path) -> list[Path]:
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite)", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, stem)
+
+
+def replicate_caption(t: SharedConvTable) -> str:
+    """What the ± means, when some cell has two or more replicates ("" otherwise: single-draw output unchanged)."""
+    reps = t.replicates()
+    if not reps or max(reps) < 2:
+        return ""
+    n = f"{reps[0]}" if len(reps) == 1 else f"{reps[0]}-{reps[-1]}"
+    return (f"Mean ± half-width of the 95% t-interval over {n} calibration draws per cell (seeds "
+            f"{', '.join(map(str, table_seeds(t.spec, t.table, t.profile)))}"
+            f"{'; a cell without ± has one draw' if min(reps) < 2 else ''}); the dense rows are one deterministic "
+            f"evaluation each.")
 
 
 # `render: {layout: variants}` (Table 14's data in its config); Table 15's layout is code (models as columns,
@@ -189,11 +210,18 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
     else:
         header, rows = layout_table15(t)
     md = to_markdown(header, rows)
+    caption = replicate_caption(t)
     vs_paper = comparison(t) if table == "table14" else comparison_table15(t)
     tex = to_latex(t, header, rows).replace("paper_tables/lm_tables.py", "paper_tables/shared_conv_tables.py")
+    if caption:
+        md += "\n" + caption + "\n"
+        tex += "% " + caption + "\n"
     written = write_outputs(table, profile, out_root, tex, md, vs_paper)
     written["figures"] = plot(t, (figures_root or ROOT / "figures") / profile / table)
+    seeds = table_seeds(t.spec, table, profile)
+    notes = ([f"the table asks for {len(seeds)} seeds but each cell has one replicate so far: no CI shown"]
+             if len(seeds) > 1 and t.replicates() == [1] else [])
     if not quiet:
-        report(written, md, t.missing)
+        report(written, md, t.missing, notes)
     written["missing"] = t.missing
     return written
