@@ -821,12 +821,18 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
     return written
 
 
+def replicate_span(reps: list[int]) -> str | None:
+    """The replicates per cell as a caption says it ("3", "1-3"); None when no cell has two (no CI to explain)."""
+    if not reps or max(reps) < 2:
+        return None
+    return f"{reps[0]}" if len(reps) == 1 else f"{reps[0]}-{reps[-1]}"
+
+
 def ci_caption(t: Table) -> str:
     """What the ± means, when some cell has two or more replicates ("" otherwise: single-seed output unchanged)."""
-    reps = t.replicates()
-    if not reps or max(reps) < 2:
+    n = replicate_span(t.replicates())
+    if n is None:
         return ""
-    n = f"{reps[0]}" if len(reps) == 1 else f"{reps[0]}-{reps[-1]}"
     return (f"Mean ± half-width of the 95% t-interval over {n} replicates per cell; a replicate is one seed, which "
             f"draws the calibration sequences and drives the RFT run (data order, LoRA initialisation). The dense "
             f"baseline is one deterministic evaluation."

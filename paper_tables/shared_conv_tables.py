@@ -24,6 +24,7 @@ from paper_tables.lm_tables import (
     comparison,
     rank_marks,
     reference_rows,
+    replicate_span,
     report,
     to_latex,
     to_markdown,
@@ -185,9 +186,9 @@ def plot(t: SharedConvTable, stem: Path) -> list[Path]:
 def replicate_caption(t: SharedConvTable) -> str:
     """What the ± means, when some cell has two or more replicates ("" otherwise: single-draw output unchanged)."""
     reps = t.replicates()
-    if not reps or max(reps) < 2:
+    n = replicate_span(reps)
+    if n is None:
         return ""
-    n = f"{reps[0]}" if len(reps) == 1 else f"{reps[0]}-{reps[-1]}"
     return (f"Mean ± half-width of the 95% t-interval over {n} calibration draws per cell (seeds "
             f"{', '.join(map(str, table_seeds(t.spec, t.table, t.profile)))}"
             f"{'; a cell without ± has one draw' if min(reps) < 2 else ''}); the dense rows are one deterministic "
