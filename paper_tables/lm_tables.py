@@ -245,7 +245,15 @@ def _pct(ratio: float) -> str:
 
 
 def _configuration(method: str, ratio: float) -> str:
-    return "Baseline" if method == "baseline" else f"{METHOD_NAMES[method]} {_pct(ratio)}"
+    if method in ("baseline", CONTROL):
+        return "Baseline" if method == "baseline" else METHOD_NAMES[method]
+    return f"{METHOD_NAMES[method]} {_pct(ratio)}"
+
+
+def reference_order(t: Table, rft: bool) -> list[tuple[str, float]]:
+    """The rows every method is read against: the dense baseline, and the dense+RFT control where the table has one
+    and the rows are post-RFT."""
+    return [("baseline", 0.0)] + ([(CONTROL, 0.0)] if t.control and rft else [])
 
 
 def _method_rows(t: Table, model, metrics, rft: bool, first, order):
@@ -255,7 +263,7 @@ def _method_rows(t: Table, model, metrics, rft: bool, first, order):
     for method, ratio in order:
         cells = list(first(method, ratio))
         for metric in metrics:
-            mark = "" if method == "baseline" else _column_marks(t, model, ratio, rft, metric)[method]
+            mark = "" if method in ("baseline", CONTROL) else _column_marks(t, model, ratio, rft, metric)[method]
             cells.append(t.cell(model, method, ratio, rft, metric, mark))
         rows.append(cells)
     return rows
@@ -302,7 +310,7 @@ def layout_configurations(t: Table, metrics: list[Metric]):
     header = ["Model", "Configuration"] + [m.label for m in metrics]
     rows = []
     for model in t.models:
-        order = [("baseline", 0.0)] + [(m, r) for m in t.methods for r in sorted(t.ratios)]
+        order = reference_order(t, t.rft_states[0]) + [(m, r) for m in t.methods for r in sorted(t.ratios)]
         name = t.model_label(model)
         rows += _method_rows(t, model, metrics, t.rft_states[0],
                              lambda m, r, name=name: [name, _configuration(m, r)], order)
@@ -846,10 +854,10 @@ def companion_caption(t: Table, metrics: list[Metric]) -> str:
         other = t.companion(table)
         labels = ", ".join(_plain(m.label) for m in metrics if m.table == table)
         stand_ins = ", ".join(f"{o} for {m}" for m, o in zip(t.models, other.models))
-        reps = other.replicates()
-        spread = (f"mean ± half-width of the 95% t-interval over {reps[0] if len(reps) == 1 else f'{reps[0]}-{reps[-1]}'}"
-                  f" replicates per reduced cell (a replicate is one seed: calibration draw and RFT run); the dense "
-                  f"baseline is one deterministic evaluation" if reps and max(reps) > 1 else "one replicate per cell")
+        n = replicate_span(other.replicates())
+        spread = (f"mean ± half-width of the 95% t-interval over {n} replicates per reduced cell (a replicate is one "
+                  f"seed: calibration draw and RFT run); the dense baseline is one deterministic evaluation"
+                  if n is not None else "one replicate per cell")
         lines.append(f"{labels}: table {table} ({other.suite} suite; models {stand_ins}), {spread}.")
     return " ".join(lines)
 

@@ -23,10 +23,13 @@ from paper_tables.lm_tables import (
     ROOT,
     Table,
     _column_marks,
+    _configuration,
     _fmt,
     _plain,
+    ci_caption,
     companion_caption,
     data_caption,
+    reference_order,
     reference_rows,
     report,
     to_latex,
@@ -34,38 +37,39 @@ from paper_tables.lm_tables import (
     write_outputs,
 )
 from paper_tables.metrics import Metric
-from state_reduction.pipeline import load_experiment
+from state_reduction.pipeline import CONTROL, load_experiment
 
 def _cells(t: Table, model, method, ratio, metrics) -> list:
     """(mean, mark, CI half-width) per column; the half-width is None for a single replicate."""
-    return [t.cell(model, method, ratio, True, m, "" if method == "baseline" else
+    return [t.cell(model, method, ratio, True, m, "" if method in ("baseline", CONTROL) else
                    _column_marks(t, model, ratio, True, m)[method]) for m in metrics]
 
 
 def layout_table11(t: Table, metrics: list[Metric]):
-    """Baseline, then per ratio (ascending) each method, as the paper's rows 'DRRQR 20%', 'Grad 20%', ..."""
+    """Baseline (and the dense+RFT control), then per ratio (ascending) each method, as the paper's rows 'DRRQR 20%',
+    'Grad 20%', ..."""
     header = ["Model", "Configuration"] + [m.label for m in metrics]
     rows = []
     for model in t.models:
-        order = [("baseline", 0.0)] + [(m, r) for r in sorted(t.ratios) for m in t.methods]
+        order = reference_order(t, True) + [(m, r) for r in sorted(t.ratios) for m in t.methods]
         for method, ratio in order:
-            label = "Baseline" if method == "baseline" else f"{METHOD_NAMES[method]} {round(ratio * 100)}%"
-            rows.append([t.model_label(model), label] + _cells(t, model, method, ratio, metrics))
+            rows.append([t.model_label(model), _configuration(method, ratio)] + _cells(t, model, method, ratio, metrics))
     return header, rows
 
 
 def layout_table4(t: Table, metrics: list[Metric]):
-    """Per model Baseline, then each method at the table's ratio."""
+    """Per model Baseline (and the dense+RFT control), then each method at the table's ratio."""
     header = ["Model", "Method"] + [m.label for m in metrics]
     rows = []
     for model in t.models:
-        for i, method in enumerate(["baseline"] + t.methods):
+        for i, (method, _) in enumerate(reference_order(t, True) + [(m, t.ratios[0]) for m in t.methods]):
             rows.append([t.model_label(model) if i == 0 else "", METHOD_NAMES[method]]
                         + _cells(t, model, method, t.ratios[0], metrics))
     return header, rows
 
 
 LAYOUTS = {"table4": layout_table4, "table11": layout_table11}
+BAR_COLOURS = {"baseline": "tab:gray", CONTROL: "silver"}
 
 
 def comparison(t: Table, metrics) -> str:
@@ -107,21 +111,29 @@ def plot(t: Table, metrics, stem: Path) -> list[Path]:
         for j, model in enumerate(t.models):
             base = t.get(model, "baseline", 0.0, True, m)
             if t.table == "table4":
-                ys = [t.get(model, meth, t.ratios[0], True, m) for meth in ["baseline"] + t.methods]
-                xs = [j + (i - 0.5) * 0.38 for i in range(len(ys))]
-                for i, (x, y) in enumerate(zip(xs, ys)):
+                bars = reference_order(t, True) + [(meth, t.ratios[0]) for meth in t.methods]
+                width = 0.8 / len(bars)
+                for i, (meth, ratio) in enumerate(bars):
+                    y = t.get(model, meth, ratio, True, m)
                     if y is not None:
-                        ax.bar(x, y, 0.38, color=["tab:gray", "tab:green"][i % 2],
-                               label=(["Baseline"] + [f"{METHOD_NAMES[m]} {round(t.ratios[0] * 100)}%" for m in t.methods])[i]
-                               if j == 0 else None)
+                        hw = t.half_width(model, meth, ratio, True, m)
+                        ax.bar(j + (i - (len(bars) - 1) / 2) * width, y, width, yerr=hw, capsize=2,
+                               color=BAR_COLOURS.get(meth, "tab:green"),
+                               label=_configuration(meth, ratio) if j == 0 else None)
                 continue
-            for k, method in enumerate(t.methods):
-                pts = [(r * 100, t.get(model, method, r, True, m)) for r in sorted(t.ratios)]
-                pts = [(0.0, base)] * (base is not None) + [p for p in pts if p[1] is not None]
+            for k, method in enumerate(t.methods):  # error bars: the 95% t-interval over seeds (none for one)
+                pts = [(r * 100, t.get(model, method, r, True, m), t.half_width(model, method, r, True, m) or 0.0)
+                       for r in sorted(t.ratios)]
+                pts = [(0.0, base, 0.0)] * (base is not None) + [p for p in pts if p[1] is not None]
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", label=METHOD_NAMES[method], color=plt.get_cmap("tab10")(k))
+                    xs, ys, hws = zip(*pts)
+                    ax.errorbar(xs, ys, yerr=hws, marker="o", capsize=2, label=METHOD_NAMES[method],
+                                color=plt.get_cmap("tab10")(k))
             if base is not None:
                 ax.axhline(base, color="k", ls="--", lw=1, label="Baseline")
+            control = t.get(model, CONTROL, 0.0, True, m) if t.control else None
+            if control is not None:
+                ax.axhline(control, color="tab:gray", ls="-.", lw=1, label=METHOD_NAMES[CONTROL])
         if t.table == "table4":
             ax.set_xticks(range(len(t.models)), t.models, fontsize=7)
         else:
@@ -144,7 +156,7 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
     metrics = layout["columns"]
     header, rows = LAYOUTS[layout["layout"]](t, metrics)
     md, tex = to_markdown(header, rows), to_latex(t, header, rows)
-    for caption in (companion_caption(t, metrics), data_caption(t, metrics)):
+    for caption in (ci_caption(t), companion_caption(t, metrics), data_caption(t, metrics)):
         if caption:
             md += "\n" + caption + "\n"
             tex += "% " + caption + "\n"

@@ -20,6 +20,7 @@ from state_reduction.pipeline import (
     get_stage,
     load_experiment,
     load_spec,
+    pipeline_experiments,
     plan_table,
     plan_tasks,
     register_stage,
@@ -28,8 +29,7 @@ from state_reduction.results import config_key
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "pipeline_plans.json"
-PIPELINE_CONFIGS = sorted(p.parent.name for p in (ROOT / "experiments").glob("*/config.yaml")
-                          if {"experiment", "methods", "profiles", "tables"} <= set(yaml.safe_load(p.read_text())))
+PIPELINE_CONFIGS = pipeline_experiments()
 
 
 # deltanet_gdn's tables declared after the fixture was recorded: their tasks are left out of the comparison

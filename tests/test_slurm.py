@@ -47,6 +47,22 @@ def test_unknown_slurm_setting_is_named(tmp_path):
         slurm.render_script(exp, "tiny")
 
 
+def test_generate_all_covers_every_pipeline_experiment(tmp_path, monkeypatch, capsys):
+    """`make slurm-scripts` (generate all) writes a script for every pipeline experiment with a paper profile that
+    the array can run, skips the others with the reason, and reads no config of another shape (aire_home)."""
+    from state_reduction.pipeline import pipeline_experiments
+    from state_reduction import cli
+
+    written = []
+    monkeypatch.setattr(slurm, "generate", lambda name, profile, *a, **k: written.append(name) or tmp_path / name)
+    assert cli.main(["slurm", "generate", "all", "--profile", "paper"]) == 0
+    out = capsys.readouterr().out
+    skipped = [line.split()[1].rstrip(":") for line in out.splitlines() if line.startswith("skipped ")]
+    assert sorted(written + skipped) == pipeline_experiments() and "aire_home" not in pipeline_experiments()
+    committed = sorted(p.stem.rsplit("-", 1)[0] for p in (REPO_ROOT / "slurm").glob("*-paper.sbatch"))
+    assert committed == sorted(written), "slurm/ lacks or keeps a paper script: run `make slurm-scripts`"
+
+
 def test_committed_scripts_are_what_the_generator_writes():
     committed = sorted(p for p in (REPO_ROOT / "slurm").glob("*-*.sbatch"))
     assert committed, "slurm/ should hold the generated paper-profile scripts (make slurm-scripts)"

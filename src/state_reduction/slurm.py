@@ -33,6 +33,7 @@ from state_reduction.pipeline import (
     PipelineError,
     find_task,
     load_experiment,
+    pipeline_experiments,
     plan_tasks,
     profile_spec,
     task_jobs,
@@ -302,10 +303,11 @@ def _cmd(args) -> int:
     root = args.results_root or os.environ.get("SR_RESULTS_ROOT")
     try:
         if args.slurm_command == "generate" and args.experiment == "all":
-            for config in sorted((REPO_ROOT / "experiments").glob("*/config.yaml")):
-                name = config.parent.name
-                if args.profile not in load_experiment(name)["profiles"] or unsupported(name, args.profile):
-                    print(f"skipped {name}: {unsupported(name, args.profile) or f'no {args.profile} profile'}")
+            for name in pipeline_experiments():
+                reason = (f"no {args.profile} profile" if args.profile not in load_experiment(name)["profiles"]
+                          else unsupported(name, args.profile))
+                if reason:
+                    print(f"skipped {name}: {reason}")
                 else:
                     print(f"wrote {_rel(generate(name, args.profile))}")
         elif args.slurm_command == "generate":

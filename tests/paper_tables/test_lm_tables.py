@@ -107,6 +107,7 @@ def test_a_table_reads_only_results_of_its_own_evaluation_settings(tmp_path):
     longctx = {"ruler_256_acc": 0.31, "ruler_512_acc": 0.27, "niah_256_acc": 0.4, "niah_512_acc": 0.2}
     put_q("baseline", 0.0, False, "tiny_longctx", **longctx)
     put_q("drrqr", 0.5, True, "tiny_longctx", **{k: v / 2 for k, v in longctx.items()})
+    put_q("dense", 0.0, True, "tiny_longctx", **{k: v * 0.9 for k, v in longctx.items()})  # the dense+RFT control
     put_q("baseline", 0.0, False, "tiny", **metrics(100.0))
     put_q("drrqr", 0.5, False, "tiny", **metrics(150.0))
     out = lm_tables.render("table12", "tiny", results_root=results, out_root=tmp_path / "out",
@@ -114,8 +115,11 @@ def test_a_table_reads_only_results_of_its_own_evaluation_settings(tmp_path):
     rows = tex_rows(out["tex"])
     assert rows[0][2:] == ["RULER 256 $\\uparrow$", "RULER 512 $\\uparrow$", "NIAH 256 $\\uparrow$", "NIAH 512 $\\uparrow$",
                           "MQAR 32/2 $\\uparrow$", "MQAR 32/8 $\\uparrow$"]  # the last two: recall_table12's
-    # the qwen3_5 results of every suite are there; only the recall companion's (qwen3_5_mqar) are missing
-    assert [r[2] for r in rows[1:]] == ["31.0", "15.5"] and all("qwen3_5_mqar-" in m for m in out["missing"])
+    # baseline, Dense+RFT, DRRQR+RFT: the qwen3_5 results of every suite are there; only the recall companion's (qwen3_5_mqar)
+    # are missing, besides the seeds 1-2 replicates this test does not write
+    assert [r[2] for r in rows[1:]] == ["31.0", "27.9", "15.5"]
+    assert all("qwen3_5_mqar-" in m or "-seed_" in m for m in out["missing"])
+    assert any("qwen3_5_mqar-" in m for m in out["missing"]) and any("-seed_1-" in m for m in out["missing"])
     vs_paper = out["vs_paper"].read_text()
     assert "| 31.0 | 94.7 |" in vs_paper  # RULER at the training length beside the paper's RULER 2K
     t13 = lm_tables.render("table13", "tiny", results_root=results, out_root=tmp_path / "out",

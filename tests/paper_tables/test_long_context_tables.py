@@ -10,11 +10,12 @@ from state_reduction.results import build_result, write_result
 from paper_tables import long_context_tables
 
 
-def put(root, model, method, ratio, **metrics):
+def put(root, model, method, ratio, seed=None, **metrics):
     stage = "baseline" if method == "baseline" else "eval-post"
     config = {"experiment": "long_context", "stage": stage, "model": model, "method": method, "ratio": ratio,
-              "rft": method != "baseline", "suite": "tiny_longctx"}
-    write_result(Path(root) / "tiny" / "long_context" / f"{model}-{method}-r{round(ratio * 100)}-{stage}.json",
+              "rft": method != "baseline", "suite": "tiny_longctx", **({"vary": {"seed": seed}} if seed else {})}
+    name = f"{model}-{method}-r{round(ratio * 100)}{f'-seed_{seed}' if seed else ''}-{stage}"
+    write_result(Path(root) / "tiny" / "long_context" / f"{name}.json",
                  build_result("evaluate", profile="tiny", experiment="long_context", config=config,
                               metrics=metrics, wall_time_s=1.0))
 
@@ -53,8 +54,10 @@ def own(missing):
 def test_table11_rows_marks_and_holes(results, tmp_path):
     out = render("table11", results, tmp_path)
     rows = {r[1]: r[2:] for r in md_rows(out["md"])}
-    assert list(rows) == ["Baseline", "DRRQR 20%", "Grad 20%", "DRRQR 30%", "Grad 30%", "DRRQR 50%", "Grad 50%"]
+    assert list(rows) == ["Baseline", "Dense+RFT", "DRRQR 20%", "Grad 20%", "DRRQR 30%", "Grad 30%", "DRRQR 50%",
+                          "Grad 50%"]
     assert rows["Baseline"] == ["60.0", "50.0", "70.0", "60.0", "--", "--"]  # no MQAR results: holes
+    assert rows["Dense+RFT"] == ["--"] * 6 and "gated_deltanet-dense-r0-seed_2-eval-post" in out["missing"]
     # best among the methods at the same ratio; two methods: no second mark
     assert rows["DRRQR 20%"][:2] == ["55.0", "**45.0**"] and rows["Grad 20%"][:2] == ["**58.0**", "40.0"]
     assert rows["Grad 50%"] == ["--"] * 6 and rows["DRRQR 30%"] == ["--"] * 6
@@ -74,11 +77,27 @@ def test_comparison_pairs_tiny_lengths_with_the_papers(results, tmp_path):
 def test_table4_shows_both_models_at_the_long_length(results, tmp_path):
     out = render("table4", results, tmp_path)
     rows = md_rows(out["md"])
-    assert [r[1] for r in rows] == ["Baseline", "DRRQR", "Baseline", "DRRQR"]
-    assert rows[0][0].startswith("tiny gated_deltanet") and rows[2][0].startswith("tiny qwen3_5")
-    assert rows[0][2:] == ["50.0", "60.0", "--", "--"] and rows[1][2:4] == ["20.0", "30.0"] and rows[3][2:] == ["--"] * 4
-    assert own(out["missing"]) == ["qwen3_5-drrqr-r50-eval-post"]
+    assert [r[1] for r in rows] == ["Baseline", "Dense+RFT", "DRRQR", "Baseline", "Dense+RFT", "DRRQR"]
+    assert rows[0][0].startswith("tiny gated_deltanet") and rows[3][0].startswith("tiny qwen3_5")
+    assert rows[0][2:] == ["50.0", "60.0", "--", "--"] and rows[2][2:4] == ["20.0", "30.0"] and rows[5][2:] == ["--"] * 4
+    assert "qwen3_5-drrqr-r50-eval-post" in own(out["missing"]) and "qwen3_5-dense-r0-eval-post" in own(out["missing"])
     text = out["vs_paper"].read_text()
     assert "| Qwen3.5 9B | qwen3_5 | Baseline | 0% | 80.0 | 93.9 | 90.0 | 100.0 |" in text
     png, pdf = out["figures"]
     assert png.stat().st_size > 5000 and pdf.read_bytes()[:4] == b"%PDF"
+
+
+def test_seeds_and_control_give_mean_and_interval(results, tmp_path):
+    """Three seeds of a cell and of the dense+RFT control: the table shows their mean ± the 95% t half-width, says
+    over how many seeds, and a cell with one seed shows no ±."""
+    for seed, (short, long) in zip((None, 1, 2), ((0.59, 0.49), (0.61, 0.51), (0.60, 0.50))):
+        put(results, "gated_deltanet", "dense", 0.0, seed, **recall(short, long))
+    for seed, (short, long) in zip((1, 2), ((0.25, 0.15), (0.35, 0.25))):
+        put(results, "gated_deltanet", "drrqr", 0.5, seed, **recall(short, long))
+    out = render("table11", results, tmp_path)
+    rows = {r[1]: r[2:] for r in md_rows(out["md"])}
+    # mean 0.6 / 0.3, t(0.975, 2) * sd / sqrt(3) = 4.303 * 0.01 / 1.732 = 2.5 and 4.303 * 0.05 / 1.732 = 12.4 points
+    assert rows["Dense+RFT"][:2] == ["60.0 ± 2.5", "50.0 ± 2.5"]
+    assert rows["DRRQR 50%"][:2] == ["**30.0 ± 12.4**", "**20.0 ± 12.4**"]  # Grad 50% is a hole
+    assert rows["DRRQR 20%"][:2] == ["55.0", "**45.0**"]  # one seed: no interval
+    assert "gated_deltanet-dense-r0-seed_1-eval-post" not in out["missing"]

@@ -23,6 +23,7 @@ from state_reduction.pipeline.spec import (
     load_experiment,
     load_spec,
     parse_spec,
+    pipeline_experiments,
     profile_spec,
     profile_tables,
     resolve_model_path,

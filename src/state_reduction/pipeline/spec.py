@@ -268,6 +268,16 @@ def experiment_path(name: str) -> Path:
     return path
 
 
+PIPELINE_KEYS = frozenset({"experiment", "methods", "profiles", "tables"})
+
+
+def pipeline_experiments() -> list[str]:
+    """The experiments run by this pipeline: their config.yaml declares experiment, methods, profiles and tables.
+    Others (aire_home, ralimp_synthetic, ...) keep a config of their own module's shape and are skipped."""
+    return sorted(p.parent.name for p in EXPERIMENTS_DIR.glob("*/config.yaml")
+                  if PIPELINE_KEYS <= set(yaml.safe_load(p.read_text()) or {}))
+
+
 def _display(path: Path) -> str:
     return str(path.relative_to(REPO_ROOT)) if path.is_absolute() and path.is_relative_to(REPO_ROOT) else str(path)
 
