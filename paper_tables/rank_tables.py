@@ -12,7 +12,6 @@ Missing runs are holes ("--") and listed; a degenerate head (all-zero state or a
 
 from __future__ import annotations
 
-import itertools
 import math
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from paper_tables.lm_tables import METHOD_NAMES, rank_marks, reference_rows, rep
 from paper_tables.figures import save_figure as _save_figure
 
 from state_reduction.analysis.experiment import EXPERIMENT, analysis_name, overlap_pairs
+from state_reduction.analysis.rank import spectral_gap
 from state_reduction.analysis.selection import median, pearson
 from state_reduction.pipeline import (
     load_experiment,
@@ -95,19 +95,6 @@ def heads_of(states: dict) -> list[tuple[int, int, dict]]:
     """(layer, head, statistics) over every (layer, head) pair, in order."""
     return [(int(layer), h, x) for layer, s in sorted(states.items(), key=lambda kv: int(kv[0]))
             for h, x in enumerate(s["heads"])]
-
-
-def spectral_gap(spectrum: list[float] | None, window: int | None = None) -> tuple[float | None, int | None]:
-    """Largest ratio sigma_i / sigma_{i+1} of consecutive (mean) singular values among the first `window` and the
-    1-based i where it occurs; exact zeros (beyond the rank) are left out. None for a degenerate head."""
-    if not spectrum:
-        return None, None
-    s = [x for x in spectrum[:window] if x > 0]
-    if len(s) < 2:
-        return None, None
-    ratios = [a / b for a, b in itertools.pairwise(s)]
-    i = max(range(len(ratios)), key=ratios.__getitem__)
-    return ratios[i], i + 1
 
 
 def tail_share(spectrum: list[float] | None, k: int) -> float | None:

@@ -11,6 +11,8 @@ import torch
 
 import state_reduction  # noqa: F401  (registers the families)
 from state_reduction.analysis.analyze import AnalyzeConfig, analyze
+from state_reduction.analysis.rank import spectral_gap
+from state_reduction.analysis.selection import median
 from state_reduction.cli import main
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.results import read_result
@@ -55,6 +57,14 @@ def test_analyze_dense_selection_and_overlap(tmp_path, pruned, capsys):
     assert extra["selection"]["states"]["0"]["d_k"] == 32 and -1 <= m["selection_pearson_u"] <= 1
     assert 0 <= m["overlap_median"] <= 32 and extra["overlap"]["kept"] == [32, 32]
     assert set(extra["conv_similarity"]["0"]) == {"q", "k"}
+    within = [c for layer in extra["conv_similarity"].values() for f in layer.values() for c in f["within_head"]]
+    assert m["conv_within_head_cosine"] == pytest.approx(sum(within) / len(within))
+    assert -1 <= m["conv_across_heads_cosine"] <= 1
+    # Figures 5, 6: the gap among the reduced state's 32 values, and the dense one's among its first 32
+    gaps = [spectral_gap(h["spectrum"])[0] for s in extra["selection"]["states"].values() for h in s["heads"]]
+    assert m["selection_spectral_gap_median"] == pytest.approx(median(gaps)) and m["compare_spectral_gap_median"] >= 1
+    dense32 = [spectral_gap(h["spectrum"], 32)[0] for s in extra["dense"]["states"].values() for h in s["heads"]]
+    assert m["dense_spectral_gap_median"] == pytest.approx(median(dense32))
 
 
 def test_gdn_decay_changes_the_models_utilisation(pruned):

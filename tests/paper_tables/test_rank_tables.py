@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from paper_tables import rank_tables
-from paper_tables.rank_tables import render, spectral_gap, tail_share
+from paper_tables.rank_tables import render, tail_share
 from state_reduction.analysis.experiment import analysis_name
+from state_reduction.analysis.rank import spectral_gap
 from state_reduction.results import build_result, results_dir, write_result
 
 MODEL = "deltanet"  # the tiny profile's stand-in for DeltaNet 370M in experiments/rank_analysis
