@@ -53,7 +53,10 @@ def test_analyze_dense_selection_and_overlap(tmp_path, pruned, capsys):
     assert len(heads) == 2 and len(heads[0]["spectrum"]) == 64 and heads[0]["spectrum"][0] == pytest.approx(1.0)
     # Table 6: by interlacing, a subset of the columns is never worse conditioned than all 64
     assert m["selection_kappa_median"] <= m["kappa_median_dense"]
-    assert m["selection_sigma_max_median"] <= extra["dense"]["conditioning"]["median"]["sigma_max"] + 1e-12
+    assert m["selection_sigma_max_median"] <= m["sigma_max_median_dense"] + 1e-12
+    assert m["sigma_min_median_dense"] == extra["dense"]["conditioning"]["median"]["sigma_min"]
+    spread = extra["utilization_summary"]["dense"]
+    assert m["u_max_over_min"] == pytest.approx(spread["max"] / spread["min"]) and m["u_max_over_min"] >= 1
     assert extra["selection"]["states"]["0"]["d_k"] == 32 and -1 <= m["selection_pearson_u"] <= 1
     assert 0 <= m["overlap_median"] <= 32 and extra["overlap"]["kept"] == [32, 32]
     assert set(extra["conv_similarity"]["0"]) == {"q", "k"}

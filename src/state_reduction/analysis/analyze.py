@@ -14,7 +14,8 @@ The result's `extra` holds, per layer (keys are layer indices as strings):
   overlap                    per_layer[layer][head] shared channels, median (appendix C.2)
   conv_similarity[layer]     q / k: within_head[h] mean cosine of channel filters, across_heads, dead_filters,
                              filters[h][channel] (the taps, for the Figure 7 heat map)
-Scalar `metrics` (what claims read): u_mean, kappa_median_dense, conv_within_head_cosine / conv_across_heads_cosine
+Scalar `metrics` (what claims read): u_mean, u_max_over_min (Table 5: heads are heterogeneous),
+{sigma_min,sigma_max,kappa}_median_dense, conv_within_head_cosine / conv_across_heads_cosine
 (Figure 7), and per role <role>_u_mean, _pearson_u, _kappa_median, _sigma_min_median, _sigma_max_median,
 _spectral_gap_median (largest consecutive singular-value ratio of the reduced states, median over heads; Figures 5,
 6), with dense_spectral_gap_median (the dense states' among as many values) beside a selection; overlap_median.
@@ -226,9 +227,11 @@ def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "ana
              "divisor": cfg.divisor, "decay": not cfg.ignore_decay,
              "dense": {"states": {str(k): v for k, v in dense.items()}, "conditioning": conditioning(calibration, None)},
              "conv_similarity": {}}
-    metrics = {"u_mean": _summary(_flat(dense))["mean"],
+    spread = _summary(_flat(dense))
+    metrics = {"u_mean": spread["mean"],
+               "u_max_over_min": spread["max"] / spread["min"] if spread["n"] and spread["min"] > 0 else None,
                "u_per_layer": {str(k): v["u_mean"] for k, v in dense.items()},
-               "kappa_median_dense": extra["dense"]["conditioning"]["median"]["kappa"],
+               **{f"{k}_median_dense": v for k, v in extra["dense"]["conditioning"]["median"].items()},
                "degenerate_heads": sum(len(v["degenerate_heads"]) for v in dense.values())}
     extra["utilization_summary"] = {"dense": _summary(_flat(dense))}
     for ref in adapter.mixers(model):
