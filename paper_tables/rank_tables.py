@@ -22,12 +22,13 @@ from paper_tables import writers
 from paper_tables.lm_tables import METHOD_NAMES, rank_marks, reference_rows, replicate_span, report, write_outputs
 from paper_tables.figures import save_figure as _save_figure
 
-from state_reduction.analysis.experiment import EXPERIMENT, analysis_name, overlap_pairs, replicate_varies
+from state_reduction.analysis.experiment import EXPERIMENT, analysis_name, overlap_pairs
 from state_reduction.analysis.rank import spectral_gap
 from state_reduction.analysis.selection import median, pearson
 from state_reduction.pipeline import (
     load_experiment,
     profile_spec,
+    replicate_varies,
     table_cells,
     table_methods,
     table_seeds,
@@ -193,12 +194,6 @@ def latex(caption: str, header: list[str], rows: list[list[str]]) -> str:
 
 def vs_paper(r: RankResults, intro: str, header: list[str], rows: list[list[str]], notes=()) -> str:
     return writers.comparison(f"{r.target}: ours ({r.profile} profile) vs the paper", intro, header, rows, notes)
-
-
-def mark(values: list, lower_is_better: bool, digits: int = 3) -> list[str]:
-    """Formatted values, the best bold."""
-    return [f"**{s}**" if m == "best" else s for s, m in
-            zip([fmt(v, digits) for v in values], rank_marks(values, lower_is_better))]
 
 
 # -- Table 5 ----------------------------------------------------------------------------------------------------

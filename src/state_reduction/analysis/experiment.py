@@ -37,8 +37,8 @@ from state_reduction.pipeline import (
     profile_spec,
     register_stage,
     run_table,
+    replicate_varies,
     table_cells,
-    table_seeds,
     vary_suffix,
 )
 from state_reduction.results import build_result, config_key
@@ -65,12 +65,6 @@ def analysis_name(model: str, method: str | None = None, ratio: float = 0.0, rft
         return f"{model}-dense{vary_suffix(vary)}-analyze"
     pair = f"{method}-vs-{compare}" if compare else method
     return f"{model}-{pair}-r{round(ratio * 100)}{vary_suffix(vary)}" + ("-rft" if rft else "") + "-analyze"
-
-
-def replicate_varies(spec: dict, table: str, profile: str) -> list[tuple]:
-    """The cell override of each replicate seed of `table`: () for the profile's own pruning seed (expand_vary)."""
-    default = profile_spec(spec, profile)["prune"]["seed"]
-    return [() if s == default else (("seed", s),) for s in table_seeds(spec, table, profile)]
 
 
 def analysis_jobs(runner: Runner, spec: dict, table: str, profile: str) -> list[tuple[str, dict]]:
