@@ -11,6 +11,8 @@ import torch
 
 import state_reduction  # noqa: F401  (registers the families)
 from state_reduction.analysis.analyze import AnalyzeConfig, analyze
+from state_reduction.analysis.rank import spectral_gap
+from state_reduction.analysis.selection import median
 from state_reduction.cli import main
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.results import read_result
@@ -51,10 +53,21 @@ def test_analyze_dense_selection_and_overlap(tmp_path, pruned, capsys):
     assert len(heads) == 2 and len(heads[0]["spectrum"]) == 64 and heads[0]["spectrum"][0] == pytest.approx(1.0)
     # Table 6: by interlacing, a subset of the columns is never worse conditioned than all 64
     assert m["selection_kappa_median"] <= m["kappa_median_dense"]
-    assert m["selection_sigma_max_median"] <= extra["dense"]["conditioning"]["median"]["sigma_max"] + 1e-12
+    assert m["selection_sigma_max_median"] <= m["sigma_max_median_dense"] + 1e-12
+    assert m["sigma_min_median_dense"] == extra["dense"]["conditioning"]["median"]["sigma_min"]
+    spread = extra["utilization_summary"]["dense"]
+    assert m["u_max_over_min"] == pytest.approx(spread["max"] / spread["min"]) and m["u_max_over_min"] >= 1
     assert extra["selection"]["states"]["0"]["d_k"] == 32 and -1 <= m["selection_pearson_u"] <= 1
     assert 0 <= m["overlap_median"] <= 32 and extra["overlap"]["kept"] == [32, 32]
     assert set(extra["conv_similarity"]["0"]) == {"q", "k"}
+    within = [c for layer in extra["conv_similarity"].values() for f in layer.values() for c in f["within_head"]]
+    assert m["conv_within_head_cosine"] == pytest.approx(sum(within) / len(within))
+    assert -1 <= m["conv_across_heads_cosine"] <= 1
+    # Figures 5, 6: the gap among the reduced state's 32 values, and the dense one's among its first 32
+    gaps = [spectral_gap(h["spectrum"])[0] for s in extra["selection"]["states"].values() for h in s["heads"]]
+    assert m["selection_spectral_gap_median"] == pytest.approx(median(gaps)) and m["compare_spectral_gap_median"] >= 1
+    dense32 = [spectral_gap(h["spectrum"], 32)[0] for s in extra["dense"]["states"].values() for h in s["heads"]]
+    assert m["dense_spectral_gap_median"] == pytest.approx(median(dense32))
 
 
 def test_gdn_decay_changes_the_models_utilisation(pruned):

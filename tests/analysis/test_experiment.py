@@ -15,7 +15,7 @@ from state_reduction.analysis.experiment import (
 )
 from state_reduction.cli import main
 from state_reduction.pipeline import PipelineError
-from state_reduction.results import read_result
+from state_reduction.results import config_key, read_result
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("figure2", "figure3", "figure5", "figure6", "figure7", "table5", "table6", "tableC2")
@@ -31,18 +31,44 @@ def test_every_target_plans_its_analyses_without_running(profile, monkeypatch):
         assert names[0] == analysis_name(model) and len(set(names)) == len(names)
         assert not {"baseline", "eval-pre", "eval-post"} & set(plan["stages"])  # no evaluation
     figure6 = [n for n, _ in plan_analyses("figure6", profile)["stages"]["analyze"]]
-    assert figure6 == [analysis_name(model)] + [analysis_name(model, m, 0.75, rft) for m in ("drrqr", "grad", "l1")
-                                                 for rft in (False, True)]
+    seeds = [(), (("seed", 1),), (("seed", 2),)] if profile == "tiny" else [()]
+    assert figure6 == [analysis_name(model, vary=v) for v in seeds] + [
+        analysis_name(model, m, 0.75, rft, vary=v) for m in ("drrqr", "grad", "l1") for v in seeds
+        for rft in (False, True)]
     c2 = plan_analyses("tableC2", profile)["stages"]["analyze"]
     pair = dict(c2)[analysis_name(model, "drrqr", 0.75, compare="rand")]
     assert pair["compare"] == "rand" and pair["of"] != pair["compare_of"]
-    assert [n for n, _ in plan_analyses("figure7", profile)["stages"]["analyze"]] == [analysis_name(model)]
+    assert [n for n, _ in plan_analyses("figure7", profile)["stages"]["analyze"]] == [analysis_name(model, vary=v)
+                                                                                     for v in seeds]
+
+
+def test_each_replicate_seed_has_its_own_analyses_and_the_first_keeps_a_single_seed_runs_keys(tmp_path):
+    spec = yaml.safe_load((ROOT / "experiments" / "rank_analysis" / "config.yaml").read_text())
+    one = tmp_path / "one.yaml"
+    one.write_text(yaml.safe_dump({**spec, "tables": {t: {**v, "seeds": {"tiny": [0]}}
+                                                      for t, v in spec["tables"].items()}}))
+    for target in ("tableC2", "table5"):
+        three = dict(plan_analyses(target, "tiny")["stages"]["analyze"])
+        single = dict(plan_analyses(target, "tiny", str(one))["stages"]["analyze"])
+        assert {n: config_key(c) for n, c in single.items()} == {n: config_key(three[n]) for n in single}
+        assert all("seed_" not in n and c["seed"] == 0 and "vary" not in c for n, c in single.items())
+        assert len(three) == 3 * len(single)
+        for n, c in three.items():
+            seed = c.get("vary", {}).get("seed", 0)
+            assert c["seed"] == seed and (seed == 0) == (n in single)  # the windows follow the replicate
+    c2 = dict(plan_analyses("tableC2", "tiny")["stages"]["analyze"])
+    plan = plan_analyses("tableC2", "tiny")["stages"]["prune"]
+    prunes = {n[:-len("-prune")]: config_key(c) for n, c in plan}
+    pair = c2[analysis_name("deltanet", "drrqr", 0.75, compare="rand", vary=(("seed", 2),))]
+    assert pair["of"] == prunes["deltanet-drrqr-r75-seed_2"] and pair["compare_of"] == prunes["deltanet-rand-r75-seed_2"]
+    assert analysis_name("deltanet", "l1", 0.75, True, vary=(("seed", 1),)) == "deltanet-l1-r75-seed_1-rft-analyze"
+    assert analysis_name("deltanet", vary=(("seed", 1),)) == "deltanet-dense-seed_1-analyze"
 
 
 def test_run_analysis_dry_run_on_the_command_line(capsys):
     assert main(["run-analysis", "table5", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "stage rft: 2 runs" in out and "deltanet-l1-r75-rft-analyze" in out
+    assert "stage rft: 6 runs" in out and "deltanet-l1-r75-rft-analyze" in out and "deltanet-l1-r75-seed_2-rft-analyze" in out
 
 
 def _experiment(tmp_path, overlap=(("l1", "rand"),)) -> Path:

@@ -3,13 +3,19 @@ runs, degenerate heads as dashes (never NaN), and the numbers they derive (spect
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from paper_tables import rank_tables
-from paper_tables.rank_tables import render, spectral_gap, tail_share
+from paper_tables.rank_tables import render, tail_share
 from state_reduction.analysis.experiment import analysis_name
+from state_reduction.analysis.rank import spectral_gap
 from state_reduction.results import build_result, results_dir, write_result
+from state_reduction.stats import mean_ci
 
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "deltanet"  # the tiny profile's stand-in for DeltaNet 370M in experiments/rank_analysis
 
 
@@ -82,9 +88,20 @@ def results(tmp_path):
     return root
 
 
-def _render(target, results, tmp_path):
-    return render(target, "tiny", results_root=results, out_root=tmp_path / "out", figures_root=tmp_path / "fig",
-                  quiet=True)
+def _experiment(tmp_path, seeds) -> str:
+    """The experiment's config with the tiny replicate seeds `seeds` on every target."""
+    spec = yaml.safe_load((ROOT / "experiments" / "rank_analysis" / "config.yaml").read_text())
+    for table in spec["tables"].values():
+        table["seeds"] = {"tiny": seeds, "paper": [0]}
+    path = tmp_path / f"rank-{len(seeds)}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def _render(target, results, tmp_path, seeds=(0,)):
+    """Rendered from `results` with replicate seeds `seeds` (default one: the single-seed output)."""
+    return render(target, "tiny", _experiment(tmp_path, list(seeds)), results_root=results, out_root=tmp_path / "out",
+                  figures_root=tmp_path / "fig", quiet=True)
 
 
 def _texts(written):
@@ -102,6 +119,33 @@ def test_table5_holes_degenerate_heads_and_the_papers_rows(results, tmp_path):
     assert "L0 H1 | -- | -- |" in md and "degenerate heads (all-zero states; no rank): L0H1" in md
     assert set(w["missing"]) == {analysis_name(MODEL, "l1", 0.75), analysis_name(MODEL, "l1", 0.75, rft=True)}
     assert "0.150 / 0.170" in texts["vs_paper"] and "-- / 0.124" in texts["vs_paper"]
+    assert "One seed (seed 0: calibration draw, analysis windows and RFT run) per cell: no CI." in md and " ± " not in md
+
+
+def test_replicate_seeds_give_mean_and_ci_and_the_first_seed_alone_keeps_its_numbers(results, tmp_path):
+    """Seeds 1 and 2 of DRRQR pre-RFT and of the dense model: each number is the mean over seeds ± the half-width of
+    the 95% t-interval; Grad, with one seed, shows its value alone; seed 2's missing post-RFT run is a hole listed."""
+    seed1, seed2 = (("seed", 1),), (("seed", 2),)
+    for vary, (scale, smin) in ((seed1, (2.0, 0.7)), (seed2, (4.0, 1.1))):
+        _write(results, analysis_name(MODEL, vary=vary), _dense_extra())
+        _write(results, analysis_name(MODEL, "drrqr", 0.75, vary=vary), _selection_extra(scale, smin, 50.0))
+    _write(results, analysis_name(MODEL, "drrqr", 0.75, rft=True, vary=seed1), _selection_extra(3.5, 0.8, 40.0))
+    w = _render("table6", results, tmp_path, seeds=(0, 1, 2))
+    md = w["md"].read_text()
+    half = mean_ci([0.9, 0.7, 1.1]).half_width  # sigma_min of DRRQR over the three seeds
+    assert f"| DRRQR | **0.9000 ± {half:.4f}** | 50.0000 ± 0.0000 |" in md and "| 0/0/0 |" in md
+    assert "| Grad | 0.5000 | 49.0000 | 98.0 | 0 |" in md  # one seed: no ±
+    assert "95% t-interval over 1-3 seeds per cell (seeds 0, 1, 2;" in md
+    assert analysis_name(MODEL, "grad", 0.75, vary=seed2) in w["missing"]
+    md5 = _render("table5", results, tmp_path, seeds=(0, 1, 2))["md"].read_text()
+    u = mean_ci([0.15, 0.10, 0.20])  # DRRQR's mean u: the dense mean 0.05 x 3, 2, 4
+    assert f"| DRRQR (d_k=2) | {u.mean:.3f} ± {u.half_width:.3f} |" in md5
+    assert f"| DRRQR (d_k=2) post-RFT | {mean_ci([0.175, 0.175]).mean:.3f} ± 0.000 |" in md5
+    assert analysis_name(MODEL, "drrqr", 0.75, rft=True, vary=seed2) in _render("table5", results, tmp_path,
+                                                                               seeds=(0, 1, 2))["missing"]
+    for target in ("figure2", "figure3", "figure5"):
+        texts = _texts(_render(target, results, tmp_path, seeds=(0, 1, 2)))
+        assert " ± " in texts["md"] and not any("nan" in t.lower() for t in texts.values())
 
 
 def test_table6_marks_the_best_selection_and_scales_to_the_authors_rows(results, tmp_path):

@@ -14,6 +14,11 @@ The result's `extra` holds, per layer (keys are layer indices as strings):
   overlap                    per_layer[layer][head] shared channels, median (appendix C.2)
   conv_similarity[layer]     q / k: within_head[h] mean cosine of channel filters, across_heads, dead_filters,
                              filters[h][channel] (the taps, for the Figure 7 heat map)
+Scalar `metrics` (what claims read): u_mean, u_max_over_min (Table 5: heads are heterogeneous),
+{sigma_min,sigma_max,kappa}_median_dense, conv_within_head_cosine / conv_across_heads_cosine
+(Figure 7), and per role <role>_u_mean, _pearson_u, _kappa_median, _sigma_min_median, _sigma_max_median,
+_spectral_gap_median (largest consecutive singular-value ratio of the reduced states, median over heads; Figures 5,
+6), with dense_spectral_gap_median (the dense states' among as many values) beside a selection; overlap_median.
 Degenerate heads (all-zero states or activations) are None with a flag; no metric is ever NaN."""
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from state_reduction.analysis.conv import filter_similarity, qk_conv_filters
 from state_reduction.analysis.rank import (
     check_divisor,
     effective_rank_from_singular_values,
+    spectral_gap,
     utilization_divisor,
 )
 from state_reduction.analysis.selection import (
@@ -143,6 +149,21 @@ def _flat(stats: dict[int, dict], key: str = "u") -> list[float | None]:
     return [h[key] for layer in sorted(stats) for h in stats[layer]["heads"]]
 
 
+def gap_median(stats: dict[int, dict], window: int) -> float | None:
+    """Median over (layer, head) of the largest consecutive singular-value ratio among the first `window` (Figures
+    5, 6: a spectral gap); degenerate heads are left out."""
+    return median([spectral_gap(h["spectrum"], window)[0] for layer in sorted(stats) for h in stats[layer]["heads"]])
+
+
+def conv_cosines(similarity: dict) -> dict:
+    """Figure 7's summary: mean cosine of the q/k conv filters within a head and across heads, over layers, q and
+    k (and heads); {} for a model without short convolutions."""
+    within = [c for layer in similarity.values() for s in layer.values() for c in s["within_head"] if c is not None]
+    across = [s["across_heads"] for layer in similarity.values() for s in layer.values() if s["across_heads"] is not None]
+    return {"conv_within_head_cosine": sum(within) / len(within) if within else None,
+            "conv_across_heads_cosine": sum(across) / len(across) if across else None}
+
+
 def _summary(values: list[float | None]) -> dict:
     vals = [v for v in values if v is not None]
     if not vals:
@@ -206,9 +227,11 @@ def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "ana
              "divisor": cfg.divisor, "decay": not cfg.ignore_decay,
              "dense": {"states": {str(k): v for k, v in dense.items()}, "conditioning": conditioning(calibration, None)},
              "conv_similarity": {}}
-    metrics = {"u_mean": _summary(_flat(dense))["mean"],
+    spread = _summary(_flat(dense))
+    metrics = {"u_mean": spread["mean"],
+               "u_max_over_min": spread["max"] / spread["min"] if spread["n"] and spread["min"] > 0 else None,
                "u_per_layer": {str(k): v["u_mean"] for k, v in dense.items()},
-               "kappa_median_dense": extra["dense"]["conditioning"]["median"]["kappa"],
+               **{f"{k}_median_dense": v for k, v in extra["dense"]["conditioning"]["median"].items()},
                "degenerate_heads": sum(len(v["degenerate_heads"]) for v in dense.values())}
     extra["utilization_summary"] = {"dense": _summary(_flat(dense))}
     for ref in adapter.mixers(model):
@@ -217,6 +240,7 @@ def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "ana
             extra["conv_similarity"][str(ref.layer)] = {
                 name: {**filter_similarity(f), "filters": [[[round(float(x), 6) for x in ch] for ch in head] for head in f]}
                 for name, f in zip("qk", filters)}
+    metrics.update(conv_cosines(extra["conv_similarity"]))
 
     for role, sel in zip(("selection", "compare"), selections):
         cond = conditioning(calibration, sel.keep)
@@ -236,6 +260,9 @@ def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "ana
         metrics[f"{role}_kappa_median"] = cond["median"]["kappa"]
         metrics[f"{role}_sigma_min_median"] = cond["median"]["sigma_min"]
         metrics[f"{role}_sigma_max_median"] = cond["median"]["sigma_max"]
+        metrics[f"{role}_spectral_gap_median"] = gap_median(after, sel.kept)
+        if role == "selection":  # the dense states' gap among as many values as the reduced state has
+            metrics["dense_spectral_gap_median"] = gap_median(dense, sel.kept)
     if len(selections) == 2:
         overlap = channel_overlap(selections[0].keep, selections[1].keep)
         flat = [float(x) for v in overlap.values() for x in v]

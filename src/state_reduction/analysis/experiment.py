@@ -9,6 +9,12 @@ one `analyze` result per
   cell, post-RFT                  <cell>-rft-analyze.json           (the same selection, the model after RFT)
   `overlap:` pair [a, b]          <model>-<a>-vs-<b>-r<pct>-analyze.json (appendix C.2)
 
+once per replicate seed of the table (`seeds:`, pipeline.table_seeds). A replicate other than the profile's own
+seed carries its seed in the name (`<model>-dense-seed_1-analyze`, `<cell>-seed_1-rft-analyze`, as Cell.name) and
+in the configuration (`vary: {seed: s}`), and draws the analysis windows with that seed too: Table 6 measures the
+activations that replicate's selectors saw, Table 5's rho compares with the dense states on the same windows. The
+first replicate keeps the names and keys of a single-seed run.
+
 Each analysis is keyed by its configuration, which holds the keys of the stages it reads: a rerun does nothing,
 a changed pruning or RFT setting reruns the analyses downstream of it. `analyze` is a stage kind of the pipeline's
 registry (pipeline.register_stage), run through Runner.sweep: keyed, resumed and mirrored to wandb as every stage.
@@ -31,7 +37,9 @@ from state_reduction.pipeline import (
     profile_spec,
     register_stage,
     run_table,
+    replicate_varies,
     table_cells,
+    vary_suffix,
 )
 from state_reduction.results import build_result, config_key
 
@@ -50,38 +58,42 @@ def overlap_pairs(spec: dict, table: str) -> list[tuple[str, str]]:
 
 
 def analysis_name(model: str, method: str | None = None, ratio: float = 0.0, rft: bool = False,
-                  compare: str | None = None) -> str:
-    """Result name of one analysis (see the module docstring); renderers find results by it."""
+                  compare: str | None = None, vary=()) -> str:
+    """Result name of one analysis (see the module docstring); renderers find results by it. `vary`: the cell's
+    overrides, here the replicate seed (("seed", 1),), empty for the profile's own seed."""
     if method is None:
-        return f"{model}-dense-analyze"
+        return f"{model}-dense{vary_suffix(vary)}-analyze"
     pair = f"{method}-vs-{compare}" if compare else method
-    return f"{model}-{pair}-r{round(ratio * 100)}" + ("-rft" if rft else "") + "-analyze"
+    return f"{model}-{pair}-r{round(ratio * 100)}{vary_suffix(vary)}" + ("-rft" if rft else "") + "-analyze"
 
 
 def analysis_jobs(runner: Runner, spec: dict, table: str, profile: str) -> list[tuple[str, dict]]:
-    """(result name, configuration) of every analysis `table` reads."""
+    """(result name, configuration) of every analysis `table` reads, each replicate seed's in turn."""
     keys, cells, rft_states = table_cells(spec, table, profile)
     settings = profile_spec(spec, profile).get("analyze")
     if settings is None:
         raise PipelineError(f"experiment {spec['experiment']!r} profile {profile!r} has no `analyze:` settings")
 
-    def base(model: str, method: str | None, ratio: float) -> dict:
-        return {**runner.base_config(model, "analyze", method, ratio), **settings}
+    def base(model: str, method: str | None, ratio: float, vary: tuple) -> dict:
+        seed = dict(vary).get("seed")
+        return {**runner.base_config(model, "analyze", method, ratio, vary), **settings,
+                **({"seed": seed} if seed is not None else {})}
 
-    jobs = [(analysis_name(k), {**base(k, None, 0.0), "rft": False}) for k in keys]
+    jobs = []
+    for vary in replicate_varies(spec, table, profile):
+        jobs += [(analysis_name(k, vary=vary), {**base(k, None, 0.0, vary), "rft": False}) for k in keys]
     for cell in cells:
         for rft in rft_states:
             of = runner.rft_config(cell) if rft else runner.prune_config(cell)
-            jobs.append((analysis_name(cell.model, cell.method, cell.ratio, rft),
-                         {**base(cell.model, cell.method, cell.ratio), "rft": rft, "of": config_key(of)}))
-    ratios = sorted({c.ratio for c in cells})
-    for model in keys:
-        for ratio in ratios:
-            for a, b in overlap_pairs(spec, table):
-                ca, cb = Cell(model, a, ratio), Cell(model, b, ratio)
-                jobs.append((analysis_name(model, a, ratio, compare=b),
-                             {**base(model, a, ratio), "rft": False, "compare": b,
-                              "of": config_key(runner.prune_config(ca)), "compare_of": config_key(runner.prune_config(cb))}))
+            jobs.append((analysis_name(cell.model, cell.method, cell.ratio, rft, vary=cell.vary),
+                         {**base(cell.model, cell.method, cell.ratio, cell.vary), "rft": rft, "of": config_key(of)}))
+    replicates = list(dict.fromkeys((c.model, c.ratio, c.vary) for c in cells))
+    for model, ratio, vary in replicates:
+        for a, b in overlap_pairs(spec, table):
+            ca, cb = Cell(model, a, ratio, vary), Cell(model, b, ratio, vary)
+            jobs.append((analysis_name(model, a, ratio, compare=b, vary=vary),
+                         {**base(model, a, ratio, vary), "rft": False, "compare": b,
+                          "of": config_key(runner.prune_config(ca)), "compare_of": config_key(runner.prune_config(cb))}))
     return jobs
 
 
@@ -91,12 +103,12 @@ def run_analysis(runner: Runner, name: str, config: dict) -> dict:
     model = runner.dense(config["model"])["path"]
     selection = compare = selection_model = None
     if config["method"] is not None:
-        cell = Cell(config["model"], config["method"], config["ratio"])
+        cell = Runner.cell_of(config)
         selection = str(runner.ensure_pruned(cell))
         if config["rft"]:
             selection_model = str(runner.ensure_rft(cell))
         if config.get("compare"):
-            compare = str(runner.ensure_pruned(Cell(config["model"], config["compare"], config["ratio"])))
+            compare = str(runner.ensure_pruned(Cell(cell.model, config["compare"], cell.ratio, cell.vary)))
     cfg = AnalyzeConfig(model=model, selection=selection, compare=compare, selection_model=selection_model,
                         calib=config["calib"], stream=config["stream"], n_calib=config["n_calib"],
                         seq_len=config["seq_len"], seed=config["seed"], stride=config["stride"],

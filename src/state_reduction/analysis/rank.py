@@ -11,6 +11,8 @@ reported as such (None plus a flag), never as NaN.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 DIVISORS = ("dk", "min", "dv")
@@ -52,3 +54,16 @@ def condition_number(sv: torch.Tensor) -> float | None:
     """sigma_max / sigma_min of a descending spectrum; None when sigma_min is zero (rank deficient)."""
     lo, hi = float(sv[-1]), float(sv[0])
     return None if lo <= DEGENERATE_TOL * max(hi, 1.0) else hi / lo
+
+
+def spectral_gap(spectrum: list[float] | None, window: int | None = None) -> tuple[float | None, int | None]:
+    """Largest ratio sigma_i / sigma_{i+1} of consecutive (mean) singular values among the first `window` and the
+    1-based i where it occurs (Figures 5, 6); exact zeros (beyond the rank) are left out. None for a degenerate head."""
+    if not spectrum:
+        return None, None
+    s = [x for x in spectrum[:window] if x > 0]
+    if len(s) < 2:
+        return None, None
+    ratios = [a / b for a, b in itertools.pairwise(s)]
+    i = max(range(len(ratios)), key=ratios.__getitem__)
+    return ratios[i], i + 1

@@ -26,6 +26,7 @@ from state_reduction.pipeline.spec import (
     pipeline_experiments,
     profile_spec,
     profile_tables,
+    replicate_varies,
     resolve_model_path,
     rft_settings,
     table_cells,
@@ -63,7 +64,7 @@ __all__ = [
     "EvaluateSettings", "ExperimentSpec", "ModelSpec", "PipelineError", "ProfileSpec", "RFT_VARY", "PruneSettings", "Runner",
     "SlurmSettings", "SpecError", "Stage", "TableSpec", "Task", "check_context", "clean_models", "collect",
     "expand_vary", "experiment_path", "find_experiment", "find_task", "get_stage", "load_experiment", "load_spec",
-    "mirror", "offline_cache", "parse_spec", "plan_table", "plan_tasks", "profile_spec", "profile_tables", "prune_kind", "register_stage",
+    "mirror", "offline_cache", "parse_spec", "plan_table", "plan_tasks", "profile_spec", "profile_tables", "prune_kind", "register_stage", "replicate_varies",
     "require_hub_for", "resolve_model_path", "rft_settings", "run_table", "run_task", "run_tasks_in_workers", "stage_jobs", "table_cells", "table_evaluate",
     "table_methods", "table_profiles", "table_seeds", "table_variations", "task_jobs", "vary_suffix", "_Runner", "_stage_jobs",
 ]

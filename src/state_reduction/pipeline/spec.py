@@ -547,15 +547,20 @@ def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell], seeds=N
     """Each cell once per variation of the table (unchanged where the table has no `vary:`), and each of those
     once per replicate seed (table_seeds) unless the variation sets the seed itself (Table 7). The profile's own
     seed is no override, so the first replicate keeps the plain name and key of a single-seed run."""
-    default = profile_spec(spec, profile)["prune"]["seed"]
-    seeds = table_seeds(spec, table, profile, seeds)
+    replicates = replicate_varies(spec, table, profile, seeds)
     out = []
     for c in cells:
         for v in table_variations(spec, table, profile):
             if any(k == "seed" for k, _ in v):
                 out.append(Cell(c.model, c.method, c.ratio, v))
                 continue
-            for seed in seeds:
-                extra = () if seed == default else (("seed", seed),)
+            for extra in replicates:
                 out.append(Cell(c.model, c.method, c.ratio, tuple(sorted(v + extra))))
     return out
+
+
+def replicate_varies(spec: dict, table: str, profile: str, seeds=None) -> list[tuple[tuple[str, object], ...]]:
+    """The cell override of each replicate seed of `table` (table_seeds): () for the profile's own pruning seed, so
+    the first replicate keeps the plain name and key, else (("seed", s),)."""
+    default = profile_spec(spec, profile)["prune"]["seed"]
+    return [() if s == default else (("seed", s),) for s in table_seeds(spec, table, profile, seeds)]
