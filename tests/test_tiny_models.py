@@ -39,9 +39,9 @@ def unigram_counts(tokenizer):
 
 def test_checkpoints_fit_the_size_budget():
     total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
-    # six text models of ~8.5 MiB and twelve recall models (*_mqar, three pretraining seeds per family) of ~3 MiB
-    # (85.7 MiB in all), with room for two more recall models
-    assert total <= 92 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 92 MiB"
+    # six text models of ~8.5 MiB and fifteen recall models of ~3 MiB (*_mqar, three pretraining seeds per family, and
+    # the hybrid's qwen3_5_recall seeds; 94.3 MiB in all), with room for two more recall models
+    assert total <= 100 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 100 MiB"
 
 
 def test_tokenizer_is_byte_level_bpe_of_about_8k(tokenizer):

@@ -50,7 +50,8 @@ FAMILY = ModelFamily(
         "text_config of the public Qwen/Qwen3.5-9B config.json as quoted in third-party code (a config probe "
         "test and a shape contract found by code search; not checked against the hub, which is not reachable here)"),),
     tiny_checkpoints=("qwen3_5",),
-    recall_checkpoints=("qwen3_5_mqar", "qwen3_5_mqar_s1", "qwen3_5_mqar_s3"),
+    recall_checkpoints=("qwen3_5_mqar", "qwen3_5_mqar_s1", "qwen3_5_mqar_s3",
+                        "qwen3_5_recall", "qwen3_5_recall_s1", "qwen3_5_recall_s2"),
     decay_init=init_decay_half_life,
     wrapper_model_types=("qwen3_5",),  # Qwen3_5ForConditionalGeneration: the text model is in text_config
 )
