@@ -59,8 +59,8 @@ def test_qwen3_5_tables_use_the_tables_methods(profile, key):
     models, cells, rft = table_cells(spec, "table13", profile)
     assert models == [key] and rft == (False,)
     assert grid(cells) == sorted((key, m, r) for m in ("drrqr", "l1") for r in (25, 50))
-    models, cells, rft = table_cells(spec, "table12", profile)
-    assert grid(cells) == [(key, "drrqr", 50)] and rft == (True,)
+    models, cells, rft = table_cells(spec, "table12", profile)  # with the dense+RFT control (control: true)
+    assert grid(cells) == [(key, "dense", 0), (key, "drrqr", 50)] and rft == (True,)
 
 
 def test_a_table_without_methods_runs_every_method_of_its_experiment():
@@ -106,7 +106,8 @@ def test_paper_plan_resolves_without_the_hub_or_a_model(monkeypatch, capsys):
     assert cli.main(["run-table", "table12", "--profile", "paper", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "experiment qwen3_5" in out and "${SR_CHECKPOINTS}/qwen3_5-9b-text" in out
-    for stage in ("baseline: 1 runs", "prune: 1 runs", "rft: 1 runs", "eval-post: 1 runs"):
+    # DRRQR 50% and the dense+RFT control (no prune): one seed on the paper profile
+    for stage in ("baseline: 1 runs", "prune: 1 runs", "rft: 2 runs", "eval-post: 2 runs"):
         assert f"stage {stage}" in out
     assert "stage eval-pre" not in out and '"preset": "paper"' in out
 
@@ -174,9 +175,10 @@ def test_table12_names_the_columns_no_result_has(tmp_path):
     out = lm_tables.render("table12", "tiny", results_root=results, out_root=tmp_path / "out",
                            figures_root=tmp_path / "figures", quiet=True)
     rows = tex_rows(out["tex"])
-    assert [r[1] for r in rows[1:]] == ["Baseline", "DRRQR 50\\%"]
-    assert rows[1][2] == "90.0" and rows[2][2] == "80.0" and rows[2][3:] == ["--"] * 5
+    assert [r[1] for r in rows[1:]] == ["Baseline", "Dense+RFT", "DRRQR 50\\%"]
+    assert rows[1][2] == "90.0" and rows[2][2:] == ["--"] * 6 and rows[3][2] == "80.0" and rows[3][3:] == ["--"] * 5
     # three long-context columns and the two MQAR columns of the recall companion (recall_table12), whose runs are
-    # the only ones missing
-    assert all("qwen3_5_mqar-" in m for m in out["missing"])
+    # missing, as are the dense+RFT control's and the seeds 1-2 replicates'
+    assert all("qwen3_5_recall-" in m or "-dense-" in m or "-seed_" in m for m in out["missing"])
+    assert {"qwen3_5-dense-r0-eval-post", "qwen3_5-drrqr-r50-seed_1-eval-post"} <= set(out["missing"])
     assert len(out["empty_columns"]) == 5 and "RULER 256 $\\uparrow$" not in out["empty_columns"]

@@ -32,7 +32,7 @@ def test_a_companion_column_reads_the_stand_in_models_cell(tmp_path):
         for method, ratio in (("baseline", 0.0), ("drrqr", 0.5)):
             assert t.samples(model, method, ratio, True, col) == \
                 other.samples(stand_in, method, ratio, True, METRICS["mqar_32_p8_acc"])
-    assert other.models == ["gated_deltanet_mqar", "qwen3_5_mqar"]
+    assert other.models == ["gated_deltanet_mqar", "qwen3_5_recall"]
     assert t.samples("gated_deltanet", "drrqr", 0.5, True, col) != []
 
 

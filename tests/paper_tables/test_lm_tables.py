@@ -115,11 +115,11 @@ def test_a_table_reads_only_results_of_its_own_evaluation_settings(tmp_path):
     rows = tex_rows(out["tex"])
     assert rows[0][2:] == ["RULER 256 $\\uparrow$", "RULER 512 $\\uparrow$", "NIAH 256 $\\uparrow$", "NIAH 512 $\\uparrow$",
                           "MQAR 32/2 $\\uparrow$", "MQAR 32/8 $\\uparrow$"]  # the last two: recall_table12's
-    # baseline, Dense+RFT, DRRQR+RFT: the qwen3_5 results of every suite are there; only the recall companion's (qwen3_5_mqar)
+    # baseline, Dense+RFT, DRRQR+RFT: the qwen3_5 results of every suite are there; only the recall companion's (qwen3_5_recall)
     # are missing, besides the seeds 1-2 replicates this test does not write
     assert [r[2] for r in rows[1:]] == ["31.0", "27.9", "15.5"]
-    assert all("qwen3_5_mqar-" in m or "-seed_" in m for m in out["missing"])
-    assert any("qwen3_5_mqar-" in m for m in out["missing"]) and any("-seed_1-" in m for m in out["missing"])
+    assert all("qwen3_5_recall-" in m or "-seed_" in m for m in out["missing"])
+    assert any("qwen3_5_recall-" in m for m in out["missing"]) and any("-seed_1-" in m for m in out["missing"])
     vs_paper = out["vs_paper"].read_text()
     assert "| 31.0 | 94.7 |" in vs_paper  # RULER at the training length beside the paper's RULER 2K
     t13 = lm_tables.render("table13", "tiny", results_root=results, out_root=tmp_path / "out",
