@@ -138,13 +138,18 @@ def plot(t: Table, metrics, stem: Path) -> list[Path]:
             ax.set_xticks(range(len(t.models)), t.models, fontsize=7)
         else:
             ax.set_xlabel("key channels removed (%)")
-        ax.legend(fontsize=7)
+            ax.legend(fontsize=7)
         ax.set_ylim(0, 100)  # percent: a one-point change looks like one
         if t.profile == "tiny" and m.table is None:  # chance of the 4-way choice (MQAR's is 1/16)
             ax.axhline(25.0, color="tab:red", ls=":", lw=1)
         ax.set_title(_plain(m.label) + (f" ({m.table})" if m.table else ""), fontsize=9)
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite), after RFT", fontsize=10)
-    fig.tight_layout()
+    if t.table == "table4":  # one legend for all panels, below them: bars reach 100% and a legend would hide them
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=max(1, len(labels)), fontsize=8)
+        fig.tight_layout(rect=(0, 0.08, 1, 1))
+    else:
+        fig.tight_layout()
     return save_figure(fig, stem)
 
 
