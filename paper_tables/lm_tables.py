@@ -47,6 +47,8 @@ METHOD_ORDER = ["l1", "rand", "drrqr", "grad", "wanda"]
 METHOD_NAMES = {"l1": "L1", "rand": "Rand", "drrqr": "DRRQR", "grad": "Grad", "wanda": "S-Wanda", "baseline": "Baseline",
                 CONTROL: "Dense+RFT", "qkscore": "QK-score (ours)", "taylor": "Taylor", "think": "ThinK",
                 "energy": "Energy", "ghost": "GHOST", "pca": "PCA"}
+# the unreduced rows every reduced cell is read against: the dense model and the dense+RFT control (no ratio, no mark)
+REFERENCE_METHODS = ("baseline", CONTROL)
 WIKI, LMB, ZS = (METRICS[k] for k in ("wiki_word_perplexity", "lambada_ppl", "zero_shot_avg"))
 # the accuracies each suite measures (the comparison with the paper shows the paper's that the suite runs)
 ACCURACIES = {
@@ -131,7 +133,7 @@ class Table:
             other = self.companion(metric.table)
             return other.samples(other.models[self.models.index(model)], method, ratio, rft, metric.of_table(None),
                                  where)
-        ratio = 0.0 if method in ("baseline", CONTROL) else ratio
+        ratio = 0.0 if method in REFERENCE_METHODS else ratio
         key, scale = metric.id, metric.scale
         runs = self.values.get((model, method, ratio, rft), {})
         if method == CONTROL:  # no pruning settings, but one replicate per RFT budget
@@ -200,7 +202,7 @@ def layout_pre_post(t: Table, metrics: list[Metric]):
             cells = [t.model_label(model) if i == 0 else "", METHOD_NAMES[method]]
             for rft in (False, True):
                 for metric in metrics:
-                    ranked = method not in ("baseline", CONTROL)
+                    ranked = method not in REFERENCE_METHODS
                     mark = _column_marks(t, model, t.ratios[0], rft, metric)[method] if ranked else ""
                     cells.append(t.cell(model, method, t.ratios[0], rft, metric, mark))
             rows.append(cells)
@@ -245,9 +247,7 @@ def _pct(ratio: float) -> str:
 
 
 def _configuration(method: str, ratio: float) -> str:
-    if method in ("baseline", CONTROL):
-        return "Baseline" if method == "baseline" else METHOD_NAMES[method]
-    return f"{METHOD_NAMES[method]} {_pct(ratio)}"
+    return METHOD_NAMES[method] if method in REFERENCE_METHODS else f"{METHOD_NAMES[method]} {_pct(ratio)}"
 
 
 def reference_order(t: Table, rft: bool) -> list[tuple[str, float]]:
@@ -263,7 +263,7 @@ def _method_rows(t: Table, model, metrics, rft: bool, first, order):
     for method, ratio in order:
         cells = list(first(method, ratio))
         for metric in metrics:
-            mark = "" if method in ("baseline", CONTROL) else _column_marks(t, model, ratio, rft, metric)[method]
+            mark = "" if method in REFERENCE_METHODS else _column_marks(t, model, ratio, rft, metric)[method]
             cells.append(t.cell(model, method, ratio, rft, metric, mark))
         rows.append(cells)
     return rows
@@ -516,7 +516,7 @@ def budget_label(budget: dict) -> str:
 def by_seed(t: Table, model, method, ratio, rft, metric, where: dict | None = None) -> dict:
     """{seed: value} of a cell's replicates that agree with `where` (the seed of a replicate: its vary, else the
     profile's)."""
-    ratio = 0.0 if method in ("baseline", CONTROL) else ratio
+    ratio = 0.0 if method in REFERENCE_METHODS else ratio
     runs = t.values.get((model, method, ratio, rft), {})
     if method == CONTROL:
         where = {k: v for k, v in (where or {}).items() if k in RFT_VARY}

@@ -20,6 +20,7 @@ from paper_tables.figures import save_figure
 from paper_tables.lm_tables import (
     LONG_CONTEXT,
     METHOD_NAMES,
+    REFERENCE_METHODS,
     ROOT,
     Table,
     _column_marks,
@@ -41,7 +42,7 @@ from state_reduction.pipeline import CONTROL, load_experiment
 
 def _cells(t: Table, model, method, ratio, metrics) -> list:
     """(mean, mark, CI half-width) per column; the half-width is None for a single replicate."""
-    return [t.cell(model, method, ratio, True, m, "" if method in ("baseline", CONTROL) else
+    return [t.cell(model, method, ratio, True, m, "" if method in REFERENCE_METHODS else
                    _column_marks(t, model, ratio, True, m)[method]) for m in metrics]
 
 
@@ -57,12 +58,17 @@ def layout_table11(t: Table, metrics: list[Metric]):
     return header, rows
 
 
+def _table4_order(t: Table) -> list[tuple[str, float]]:
+    """Table 4's rows (and bars) per model: Baseline (and the dense+RFT control), then each method at its ratio."""
+    return reference_order(t, True) + [(m, t.ratios[0]) for m in t.methods]
+
+
 def layout_table4(t: Table, metrics: list[Metric]):
     """Per model Baseline (and the dense+RFT control), then each method at the table's ratio."""
     header = ["Model", "Method"] + [m.label for m in metrics]
     rows = []
     for model in t.models:
-        for i, (method, _) in enumerate(reference_order(t, True) + [(m, t.ratios[0]) for m in t.methods]):
+        for i, (method, _) in enumerate(_table4_order(t)):
             rows.append([t.model_label(model) if i == 0 else "", METHOD_NAMES[method]]
                         + _cells(t, model, method, t.ratios[0], metrics))
     return header, rows
@@ -111,7 +117,7 @@ def plot(t: Table, metrics, stem: Path) -> list[Path]:
         for j, model in enumerate(t.models):
             base = t.get(model, "baseline", 0.0, True, m)
             if t.table == "table4":
-                bars = reference_order(t, True) + [(meth, t.ratios[0]) for meth in t.methods]
+                bars = _table4_order(t)
                 width = 0.8 / len(bars)
                 for i, (meth, ratio) in enumerate(bars):
                     y = t.get(model, meth, ratio, True, m)
