@@ -210,22 +210,22 @@ def layout_pre_post(t: Table, metrics: list[Metric]):
 
 
 def layout_ratios_post(t: Table, metrics: list[Metric]):
-    """Table 1: method rows; per ratio the post-RFT columns."""
+    """Table 1: method rows; per ratio the post-RFT columns; the dense baseline and, with a control, dense+RFT."""
     header = ["Model", "Method"] + [f"{round(r * 100)}% {m.label}" for r in t.ratios for m in metrics]
     rows = []
     for model in t.models:
-        for i, method in enumerate(t.methods + ["baseline"]):
+        for i, method in enumerate(t.methods + [m for m, _ in reference_order(t, True)]):
             cells = [t.model_label(model) if i == 0 else "", METHOD_NAMES[method]]
             for ratio in t.ratios:
                 for metric in metrics:
-                    mark = "" if method == "baseline" else _column_marks(t, model, ratio, True, metric)[method]
+                    mark = "" if method in REFERENCE_METHODS else _column_marks(t, model, ratio, True, metric)[method]
                     cells.append(t.cell(model, method, ratio, True, metric, mark))
             rows.append(cells)
     return header, rows
 
 
 def layout_zero_shot(t: Table, metrics: list[Metric]):
-    """Tables 21-24: (RFT, method, ratio) rows, then the dense baseline."""
+    """Tables 21-24: (RFT, method, ratio) rows, then the dense baseline and, with a control, dense+RFT."""
     header = ["Model", "RFT", "Method", "Compr."] + [m.label for m in metrics]
     rows = []
     for model in t.models:
@@ -239,6 +239,9 @@ def layout_zero_shot(t: Table, metrics: list[Metric]):
                     rows.append(cells)
         cells = [t.model_label(model), "--", "Baseline", "0%"]
         rows.append(cells + [t.cell(model, "baseline", 0.0, False, m) for m in metrics])
+        if t.control and True in t.rft_states:
+            cells = [t.model_label(model), "yes", METHOD_NAMES[CONTROL], "0%"]
+            rows.append(cells + [t.cell(model, CONTROL, 0.0, True, m) for m in metrics])
     return header, rows
 
 
@@ -739,9 +742,10 @@ def comparison(t: Table, paper: str | None = None) -> str:
 
 # -- figure -----------------------------------------------------------------------------------------------------
 def plot(t: Table, stem: Path) -> list[Path]:
-    """Wiki perplexity vs compression ratio per method, one panel per model and RFT state, the dense
-    baseline as a dashed line (all ratios of this experiment that have results, not only the table's);
-    a table of one ratio gets bars instead."""
+    """Wiki perplexity vs compression ratio per method (mean, with the 95% CI over replicates as error bars), one
+    panel per model and RFT state, the dense baseline as a dashed line and, on post-RFT panels of a table with a
+    control, the dense+RFT control as a dotted one with its CI shaded (all ratios of this experiment that have
+    results, not only the table's); a table of one ratio gets bars instead."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -755,13 +759,22 @@ def plot(t: Table, stem: Path) -> list[Path]:
     colors = plt.get_cmap("tab10")
     for ax, (model, rft) in zip(axes[0], panels):
         for j, method in enumerate(t.methods):
-            pts = [(r, t.get(model, method, r, rft, WIKI)) for r in all_ratios]
-            pts = [(r * 100, v) for r, v in pts if v is not None]
+            pts = [(r * 100, t.get(model, method, r, rft, WIKI), t.half_width(model, method, r, rft, WIKI))
+                   for r in all_ratios]
+            pts = [(x, v, hw or 0.0) for x, v, hw in pts if v is not None]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=METHOD_NAMES[method], color=colors(j))
+                xs, ys, errs = zip(*pts)
+                ax.errorbar(xs, ys, yerr=errs if any(errs) else None, marker="o", capsize=2,
+                            label=METHOD_NAMES[method], color=colors(j))
         base = t.get(model, "baseline", 0.0, False, WIKI)
         if base is not None:
             ax.axhline(base, color="k", ls="--", lw=1, label="Baseline")
+        control = t.get(model, CONTROL, 0.0, True, WIKI) if rft and t.control else None
+        if control is not None:
+            ax.axhline(control, color="tab:gray", ls=":", lw=1.2, label=METHOD_NAMES[CONTROL])
+            hw = t.half_width(model, CONTROL, 0.0, True, WIKI)
+            if hw:
+                ax.axhspan(control - hw, control + hw, color="tab:gray", alpha=0.2, lw=0)
         ax.set_yscale("log")
         ax.set_xlabel("key channels removed (%)")
         ax.set_ylabel("Wiki word perplexity")
@@ -773,23 +786,30 @@ def plot(t: Table, stem: Path) -> list[Path]:
 
 
 def _plot_bars(t: Table, stem: Path, ratio: float, plt) -> list[Path]:
-    """One compression ratio (Table 20): Wiki perplexity per method, pre- and post-RFT side by side, one panel
-    per model, the dense baseline dashed; the y axis starts near the smallest value so differences show."""
+    """One compression ratio (Table 20): Wiki perplexity per method (mean, 95% CI over replicates as error bars),
+    pre- and post-RFT side by side, one panel per model, the dense baseline dashed and the dense+RFT control
+    dotted; the y axis starts near the smallest value so differences show."""
     fig, axes = plt.subplots(1, len(t.models), figsize=(5.2 * len(t.models), 3.6), squeeze=False)
     width = 0.38
     for ax, model in zip(axes[0], t.models):
         values = []
         for i, rft in enumerate((False, True)):
-            ys = [t.get(model, m, ratio, rft, WIKI) for m in t.methods]
-            xs = [j + (i - 0.5) * width for j, y in enumerate(ys) if y is not None]
-            ys = [y for y in ys if y is not None]
-            values += ys
-            if ys:
-                ax.bar(xs, ys, width, label="post-RFT" if rft else "pre-RFT", color="tab:green" if rft else "tab:gray")
+            bars = [(j + (i - 0.5) * width, t.get(model, m, ratio, rft, WIKI),
+                     t.half_width(model, m, ratio, rft, WIKI) or 0.0) for j, m in enumerate(t.methods)]
+            bars = [b for b in bars if b[1] is not None]
+            if bars:
+                xs, ys, errs = zip(*bars)
+                values += [y + e for y, e in zip(ys, errs)] + [y - e for y, e in zip(ys, errs)]
+                ax.bar(xs, ys, width, yerr=errs if any(errs) else None, capsize=2,
+                       label="post-RFT" if rft else "pre-RFT", color="tab:green" if rft else "tab:gray")
         base = t.get(model, "baseline", 0.0, False, WIKI)
         if base is not None:
             ax.axhline(base, color="k", ls="--", lw=1, label="Baseline (dense)")
             values.append(base)
+        control = t.get(model, CONTROL, 0.0, True, WIKI) if t.control else None
+        if control is not None:
+            ax.axhline(control, color="tab:green", ls=":", lw=1.2, label=METHOD_NAMES[CONTROL])
+            values.append(control)
         if values:
             lo, hi = min(values), max(values)
             ax.set_ylim(lo - 0.15 * (hi - lo + 1e-9), hi + 0.1 * (hi - lo + 1e-9))

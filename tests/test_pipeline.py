@@ -82,7 +82,11 @@ def test_table_cells_map_paper_models_onto_stand_ins():
     assert len(pruned) == 2 * 5 and {c.ratio for c in pruned} == {0.5}
     assert [(c.model, c.ratio) for c in cells if c.method == "dense"] == [("deltanet", 0.0), ("gated_deltanet", 0.0)]
     models, cells, rft = table_cells(spec, "table1", "paper")
-    assert models == ["gated_deltanet-1.3b"] and rft == (True,) and len(cells) == 3 * 5
+    # the paper profile runs one seed; the dense+RFT control is one more cell
+    assert models == ["gated_deltanet-1.3b"] and rft == (True,) and len(cells) == 3 * 5 + 1
+    assert [c.name for c in cells if c.method == "dense"] == ["gated_deltanet-1.3b-dense-r0"]
+    models, cells, rft = table_cells(spec, "table1", "tiny")  # 3 seeds on the tiny profile
+    assert len(cells) == (3 * 5 + 1) * 3 and {dict(c.vary).get("seed", 0) for c in cells} == {0, 1, 2}
 
 
 @pytest.mark.parametrize("call, message", [
