@@ -259,6 +259,12 @@ def reference_order(t: Table, rft: bool) -> list[tuple[str, float]]:
     return [("baseline", 0.0)] + ([(CONTROL, 0.0)] if t.control and rft else [])
 
 
+def reference_method(t: Table, rft: bool) -> str:
+    """The one row a state's increase is measured from: the dense+RFT control for post-RFT rows of a table with one,
+    else the dense baseline (the last of reference_order)."""
+    return reference_order(t, rft)[-1][0]
+
+
 def _method_rows(t: Table, model, metrics, rft: bool, first, order):
     """Rows `first + labels(method, ratio) + metric cells` for (method, ratio) in `order`, marks among the
     methods at the same ratio; the dense baseline has no mark."""
@@ -332,20 +338,17 @@ def layout_selector_increase(t: Table, metrics: list[Metric]):
     def prefix(rft):
         return (f"{'Post' if rft else 'Pre'}-RFT " if both else "")
 
-    def reference(rft):  # what a state's increase is measured from
-        return CONTROL if rft and t.control else "baseline"
-
     header = ["Model", "Compr.", "Method"] + [
         h for rft in states for m in metrics
         for h in (prefix(rft) + m.label, prefix(rft) + f"{'increase' if m.lower_is_better else 'change'} {m.label}"
-                  + (" over dense+RFT" if reference(rft) == CONTROL else ""))]
+                  + (" over dense+RFT" if reference_method(t, rft) == CONTROL else ""))]
     rows = []
     for model in t.models:
-        ref = {(rft, m.id): t.get(model, reference(rft), 0.0, rft, m) for rft in states for m in metrics}
+        ref = {(rft, m.id): t.get(model, reference_method(t, rft), 0.0, rft, m) for rft in states for m in metrics}
         dense = [t.model_label(model), "0%", "Baseline"]
         for rft in states:
             for m in metrics:
-                shown = reference(rft) == "baseline"  # a post-RFT column over dense+RFT shows that row instead
+                shown = reference_method(t, rft) == "baseline"  # a post-RFT column over dense+RFT shows that row instead
                 dense += [t.cell(model, "baseline", 0.0, False, m), (0.0, "", None)] if shown else ["--", "--"]
         rows.append(dense)
         if t.control and True in states:
@@ -363,7 +366,7 @@ def layout_selector_increase(t: Table, metrics: list[Metric]):
                                                  _column_marks(t, model, ratio, rft, m)[method])
                         base = ref[(rft, m.id)]
                         rise, rise_hw = (None, None) if value is None or base is None else (value - base, hw)
-                        if rise is not None and reference(rft) == CONTROL:
+                        if rise is not None and reference_method(t, rft) == CONTROL:
                             # the control is replicated by seed too: the interval of the seed-paired difference
                             rise, rise_hw = _paired_increase(t, model, method, ratio, m)
                         cells += [(value, mark, hw), (rise, mark, rise_hw)]
@@ -395,7 +398,7 @@ def plot_increase(t: Table, stem: Path) -> list[Path]:
     states = t.rft_states
     fig, axes = plt.subplots(len(states), len(panels), figsize=(2.6 * len(panels), 3.4 * len(states)), squeeze=False)
     for row, rft in zip(axes, states):
-        ref = CONTROL if rft and t.control else "baseline"
+        ref = reference_method(t, rft)
         for ax, (model, ratio) in zip(row, panels):
             base = t.get(model, ref, 0.0, rft and ref == CONTROL, metric)
             bars = []
