@@ -239,7 +239,7 @@ def layout_zero_shot(t: Table, metrics: list[Metric]):
                     rows.append(cells)
         cells = [t.model_label(model), "--", "Baseline", "0%"]
         rows.append(cells + [t.cell(model, "baseline", 0.0, False, m) for m in metrics])
-        if t.control and True in t.rft_states:
+        if t.control:  # a table has the control only where it has post-RFT rows (spec.table_cells)
             cells = [t.model_label(model), "yes", METHOD_NAMES[CONTROL], "0%"]
             rows.append(cells + [t.cell(model, CONTROL, 0.0, True, m) for m in metrics])
     return header, rows
