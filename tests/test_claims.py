@@ -187,7 +187,7 @@ def test_render_summary_decides_what_is_here_and_counts_the_claims_without_resul
 @pytest.mark.parametrize("experiment_name", claims.experiments_with_claims())
 def test_every_readme_verdict_block_is_current(experiment_name):
     """The README block of every experiment with claims equals the one generated from its committed evidence."""
-    assert claims.check_readme(experiment_name, "tiny") == []
+    assert claims.check_readme(experiment_name, claims.claims_profile(experiment_name)) == []
 
 
 def test_fixed_rhs_and_pairing_rows_without_the_field(experiment, tmp_path):
@@ -259,3 +259,90 @@ def test_increase_over_a_reference_with_a_factor(experiment, tmp_path):
     declare({"id": "no_over", "text": "t", "lhs": side("ours"), "op": "<", "rhs": side("drrqr"), "factor": 0.8})
     with pytest.raises(ClaimError, match="factor scales the rhs increase over `over`, which is missing"):
         claims.load_claims("toy")
+
+
+def test_every_experiment_readme_has_a_generated_verdict_block():
+    """Issue 15: every experiment folder declares claims, so that its README carries a generated verdict block."""
+    folders = sorted(p.parent.name for p in claims.EXPERIMENTS_DIR.glob("*/README.md"))
+    assert folders and sorted(set(folders) - set(claims.experiments_with_claims())) == []
+    for name in folders:
+        assert claims.current_block(name) is not None, f"experiments/{name}/README.md has no verdict block"
+
+
+def _bench(root, name, rows, kind="bench"):
+    r = build_result(kind, profile="tiny", experiment="toy", config={"mode": "decode", "model": "m"},
+                     metrics={"speedup_r50": 2.0}, model=None, data={}, seeds={}, wall_time_s=0.0,
+                     extra={"rows": rows})
+    write_result(root / "tiny" / "toy" / f"{name}.json", r)
+
+
+def test_repetition_rows_pair_each_repetition_with_the_base_row_at_its_place(experiment, tmp_path):
+    """`claim_rows: {from: repetitions}`: one row per timed repetition, with its paired ratio to the base row of
+    the same batch and repetition; a claim on sample_ms paired by repetition tests the speedup."""
+    _, _, exp_dir = experiment
+    root = tmp_path / "bench"
+    rows = [{"batch": b, "label": label, "ratio": ratio, "samples_ms": samples}
+            for b, per in ((1, {"base": [10.0, 12.0, 11.0], "r50": [9.9, 12.1, 10.9]}),
+                           (64, {"base": [40.0, 44.0, 42.0], "r50": [20.0, 23.0, 21.0]}))
+            for (label, samples), ratio in zip(per.items(), (0.0, 0.5))]
+    _bench(root, "decode_m_cpu", rows)
+    side = (lambda b, r: {"kind": "bench", "where": {"batch": b, "ratio": r}, "metric": "sample_ms"})
+    config = {"experiment": "toy", "claim_rows": {"from": "repetitions"}, "claims": [
+        {"id": "faster_b64", "text": "t", "lhs": side(64, 0.5), "op": "<", "rhs": side(64, 0.0), "pair_by": "rep"},
+        {"id": "faster_b1", "text": "t", "lhs": side(1, 0.5), "op": "<", "rhs": side(1, 0.0), "pair_by": "rep"},
+        {"id": "ratio_b64", "text": "t", "lhs": {"kind": "bench", "where": {"batch": 64, "ratio": 0.5},
+                                                  "metric": "speedup_rep"}, "op": ">", "rhs": 1.5}]}
+    (exp_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    got = claims.claim_rows("tiny", "toy", root)
+    assert len(got) == 12 and {r["rep"] for r in got} == {0, 1, 2}
+    r = next(r for r in got if r["batch"] == 64 and r["label"] == "r50" and r["rep"] == 1)
+    assert r["sample_ms"] == 23.0 and r["speedup_rep"] == pytest.approx(44.0 / 23.0) and r["mode"] == "decode"
+    assert "samples_ms" not in r  # the list is the rows, not a field
+    verdicts = {v.claim.id: v.status for v in claims.evaluate_claims("toy", "tiny", root)}
+    assert verdicts == {"faster_b64": HOLDS, "faster_b1": INCONCLUSIVE, "ratio_b64": HOLDS}
+
+
+def test_extra_rows_from_a_committed_folder_and_bad_sources(experiment, tmp_path):
+    """`claim_rows: {from: extra_rows, dir: ...}` (the rehearsal): one row per entry of each committed result's
+    extra.rows; a misnamed source or key, or a missing folder, is an error naming the config."""
+    _, _, exp_dir = experiment
+    committed = exp_dir / "results"
+    for model, offs in (("a", [0.1, -0.05]), ("b", [0.02, 0.03])):
+        rows = [{"model": model, "stage": "prune", "predicted_off": o, "ok": True} for o in offs]
+        r = build_result("bench", profile="paper" if model == "b" else "tiny", experiment="rehearsal", config={"layers": 2}, metrics={},
+                         model=None, data={}, seeds={}, wall_time_s=0.0, extra={"rows": rows + [{"stage": "build"}]})
+        write_result(committed / f"rehearsal-{model}.json", r)
+    rel = committed.relative_to(claims.REPO_ROOT) if committed.is_relative_to(claims.REPO_ROOT) else committed
+    config = {"experiment": "toy", "claim_rows": {"from": "extra_rows", "dir": str(rel)}, "claims": [
+        {"id": "plan_close", "text": "t", "lhs": {"kind": "bench", "where": {"stage": "prune"},
+                                                   "metric": "predicted_off"}, "op": "<", "rhs": 0.25}]}
+    (exp_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    rows = claims.claim_rows("tiny", "toy")  # a committed folder's results of the asked profile only
+    assert [r["_file"] for r in rows] == ["rehearsal-a.json#0", "rehearsal-a.json#1", "rehearsal-a.json#2"]
+    assert rows[0]["layers"] == 2 and rows[0]["predicted_off"] == 0.1 and rows[2]["stage"] == "build"
+    assert [r["model"] for r in claims.claim_rows("paper", "toy") if "model" in r] == ["b", "b"]
+    [v] = claims.evaluate_claims("toy", "paper")
+    assert v.status == HOLDS and len(v.samples["lhs"]) == 2
+    for bad, message in (({"from": "resluts"}, "'results'"), ({"from": "results", "folder": "x"}, "`from` and `dir`"),
+                         ({"from": "extra_rows", "dir": "no/such/folder"}, "is not a folder")):
+        (exp_dir / "config.yaml").write_text(yaml.safe_dump({**config, "claim_rows": bad}))
+        with pytest.raises(ClaimError, match="claim_rows") as e:
+            claims.claim_rows("tiny", "toy")
+        assert message in str(e.value) and "config.yaml" in str(e.value)
+
+
+def test_training_record_rows_read_the_committed_records_of_the_tiny_profile_only(experiment):
+    _, _, exp_dir = experiment
+    for name, acc in (("m_s0", 0.95), ("m_s1", 0.97)):
+        folder = exp_dir / "checkpoints" / name
+        folder.mkdir(parents=True)
+        (folder / "training_record.json").write_text(json.dumps({
+            "name": name, "family": "deltanet", "config": {"seed": int(name[-1])},
+            "eval": {"mqar": {"pairs_8": {"accuracy": acc, "queries": 2048}}},
+            "provenance": {"git_commit": "x"}, "data": {"ptb": {"sha256": "y"}}}))
+    (exp_dir / "config.yaml").write_text(yaml.safe_dump({"experiment": "toy", "claim_rows": {"from": "training_records"}}))
+    rows = claims.claim_rows("tiny", "toy")
+    assert [r["name"] for r in rows] == ["m_s0", "m_s1"] and rows[1]["eval.mqar.pairs_8.accuracy"] == 0.97
+    assert rows[0]["kind"] == "pretrain" and rows[0]["config.seed"] == 0
+    assert not any(k.startswith(("provenance", "data")) for k in rows[0])
+    assert claims.claim_rows("paper", "toy") == []

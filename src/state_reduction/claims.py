@@ -22,7 +22,11 @@ An experiment declares its claims in `experiments/<name>/config.yaml` under `cla
 
 `rhs` may be a number. Rows come from the experiment's result files (results/<profile>/<experiment>/): one
 row per result with its `kind`, every config field (nested fields flattened with dots; a leaf name may stand
-alone when it is unambiguous) and every metric. `where` keeps the rows whose fields equal the given values (a
+alone when it is unambiguous) and every metric. An experiment whose evidence is not one result per cell names another
+source (ROW_SOURCES) in its config, `claim_rows: {from: SOURCE, dir: FOLDER}`: `extra_rows` (one row per entry of a
+result's extra.rows: a rehearsal's stages), `repetitions` (one row per timed repetition of a benchmark row, with the
+paired ratio to the base row of the same repetition: experiments/speed) or `training_records` (the committed
+pretraining records: experiments/tiny_models); `dir` reads committed results instead of results/<profile>/. `where` keeps the rows whose fields equal the given values (a
 list: any of them; null: rows without the field, e.g. a `vary` setting at its default); the chosen metric of those rows are the samples, normally one per seed.
 
 Verdict from the 95% t-interval of the (paired, else Welch) mean difference d = lhs - rhs:
@@ -210,18 +214,111 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def result_rows(profile: str, experiment: str, results_root=None) -> list[dict]:
-    """One row per result file of the experiment: kind, flattened config, metrics, and the file name."""
-    rows = []
-    folder = results_dir(profile, experiment, results_root)
-    for path in sorted(folder.glob("*.json")):
+def _records(folder: Path | None, profile: str, experiment: str, results_root=None):
+    """(path, record) of every result file of the experiment, in name order: those in results/<profile>/, or those of
+    `profile` in a committed `folder` (claim_rows `dir`)."""
+    for path in sorted((folder or results_dir(profile, experiment, results_root)).glob("*.json")):
         try:
             record = read_result(path)
         except ResultsError:
             continue  # not a result (a manifest, a plan); results.read_result names real corruption elsewhere
+        if folder is None or record.get("profile") == profile:
+            yield path, record
+
+
+def _scalars(row: dict) -> dict:
+    """The row's fields without its lists (per-repetition samples), nested mappings flattened."""
+    return {k: v for k, v in _flatten(row).items() if not isinstance(v, list)}
+
+
+def result_rows(profile: str, experiment: str, results_root=None, folder=None) -> list[dict]:
+    """One row per result file of the experiment: kind, flattened config, metrics, and the file name."""
+    rows = []
+    for path, record in _records(folder, profile, experiment, results_root):
         rows.append({"kind": record["kind"], **_flatten(record["config"]), **record["metrics"],
                      "_file": path.name})
     return rows
+
+
+def extra_rows(profile: str, experiment: str, results_root=None, folder=None) -> list[dict]:
+    """One row per entry of each result's `extra.rows` (a benchmark's cells, a rehearsal's stages): the result's kind
+    and flattened config, overridden by the entry's scalar fields."""
+    rows = []
+    for path, record in _records(folder, profile, experiment, results_root):
+        for j, entry in enumerate((record.get("extra") or {}).get("rows") or []):
+            rows.append({"kind": record["kind"], **_flatten(record["config"]), **_scalars(entry),
+                         "_file": f"{path.name}#{j}"})
+    return rows
+
+
+# the fields that place a benchmark row (its repetitions are paired with the base row at the same place)
+BENCH_POSITION = ("level", "batch", "seq_len")
+
+
+def repetition_rows(profile: str, experiment: str, results_root=None, folder=None) -> list[dict]:
+    """One row per timed repetition of each benchmark row (speed.benchmarks: `samples_ms`, variants interleaved per
+    repetition): the extra_rows fields, `rep` (the repetition's index, to pair on), `sample_ms` and `speedup_rep`,
+    the base row's time at the same place and repetition over this row's (the paired ratio the median speedup is
+    taken over)."""
+    rows = []
+    for path, record in _records(folder, profile, experiment, results_root):
+        entries = (record.get("extra") or {}).get("rows") or []
+        for j, entry in enumerate(entries):
+            samples = entry.get("samples_ms") or []
+            where = {k: entry[k] for k in BENCH_POSITION if k in entry}
+            base = next((e for e in entries if e.get("label") == "base"
+                         and all(e.get(k) == v for k, v in where.items())), None)
+            base_samples = (base or {}).get("samples_ms") or []
+            for i, ms in enumerate(samples):
+                ratio = base_samples[i] / ms if len(base_samples) == len(samples) and ms > 0 else None
+                rows.append({"kind": record["kind"], **_flatten(record["config"]), **_scalars(entry), "rep": i,
+                             "sample_ms": ms, "speedup_rep": ratio, "_file": f"{path.name}#{j}.{i}"})
+    return rows
+
+
+def training_record_rows(profile: str, experiment: str, results_root=None, folder=None) -> list[dict]:
+    """One row per committed pretraining record (<folder>/*/training_record.json, default the experiment's
+    checkpoints/): kind `pretrain`, the flattened record (name, family, config.*, eval.*) without its provenance
+    and data hashes. The tiny profile's only: the paper profile pretrains nothing."""
+    if profile != "tiny":
+        return []
+    rows = []
+    for path in sorted((folder or EXPERIMENTS_DIR / experiment / "checkpoints").glob("*/training_record.json")):
+        record = json.loads(path.read_text())
+        body = {k: v for k, v in record.items() if k not in ("provenance", "data")}
+        rows.append({"kind": "pretrain", **_scalars(body), "_file": f"{path.parent.name}/{path.name}"})
+    return rows
+
+
+# Where an experiment's claims read their rows: its config's `claim_rows: {from: <source>, dir: <folder>}` (default:
+# the experiment's result files; `dir`, relative to the repository, for results committed with the experiment).
+ROW_SOURCES = {"results": result_rows, "extra_rows": extra_rows, "repetitions": repetition_rows,
+               "training_records": training_record_rows}
+
+
+def claims_profile(experiment: str) -> str:
+    """The profile whose verdict block the experiment's README carries: its config's `claims_profile:`, else tiny."""
+    path = experiment_config(experiment)
+    profile = (yaml.safe_load(path.read_text()) or {}).get("claims_profile", "tiny")
+    if profile not in ("tiny", "paper"):
+        raise ClaimError(f"{_rel(path)}: claims_profile must be tiny or paper, got {profile!r}")
+    return profile
+
+
+def claim_rows(profile: str, experiment: str, results_root=None) -> list[dict]:
+    """The rows the experiment's claims select from (ROW_SOURCES, chosen by its config's `claim_rows:`)."""
+    path = experiment_config(experiment)
+    spec = (yaml.safe_load(path.read_text()) or {}).get("claim_rows") or {}
+    unknown = sorted(set(spec) - {"from", "dir"}) if isinstance(spec, dict) else ["<not a mapping>"]
+    if unknown:
+        raise ClaimError(f"{_rel(path)}: claim_rows takes `from` and `dir`, got {unknown}")
+    source = spec.get("from", "results")
+    if source not in ROW_SOURCES:
+        raise ClaimError(f"{_rel(path)}: claim_rows from {source!r} unknown{_closest(source, ROW_SOURCES)}")
+    folder = REPO_ROOT / spec["dir"] if spec.get("dir") else None
+    if folder is not None and not folder.is_dir():
+        raise ClaimError(f"{_rel(path)}: claim_rows dir {spec['dir']!r} is not a folder")
+    return ROW_SOURCES[source](profile, experiment, results_root, folder)
 
 
 def _field(row: dict, name: str):
@@ -354,7 +451,7 @@ def evaluate_claims(experiment: str, profile: str = "tiny", results_root=None, k
     definition is unchanged since (a part of an experiment rerun on its own; the other claims keep the samples they
     were decided on, whole: a claim never mixes new results with kept ones)."""
     claims = load_claims(experiment, profile)
-    rows = result_rows(profile, experiment, results_root)
+    rows = claim_rows(profile, experiment, results_root)
     stored = _stored_evidence(experiment, profile) if keep else {}
     verdicts = []
     for c in claims:
@@ -548,7 +645,7 @@ def render_summary(experiment: str, profile: str = "tiny", results_root=None) ->
     claims = load_claims(experiment, profile)
     if not claims:
         return []
-    rows = result_rows(profile, experiment, results_root)
+    rows = claim_rows(profile, experiment, results_root)
     lines = [f"## verdicts of {experiment}'s claims from every result here ({profile}; all seeds present, not only "
              "the table's)"]
     missing = []
@@ -575,16 +672,17 @@ def _cmd_verdicts(args) -> int:
         return 2
     problems = []
     for exp in experiments:
+        profile = args.profile or claims_profile(exp)
         if args.check:
-            problems += check_readme(exp, args.profile)
+            problems += check_readme(exp, profile)
             continue
-        verdicts = write_verdicts(exp, args.profile, args.results_root, args.keep) if args.write else \
-            evaluate_claims(exp, args.profile, args.results_root, args.keep)
-        print(f"## {exp} ({args.profile})")
+        verdicts = write_verdicts(exp, profile, args.results_root, args.keep) if args.write else \
+            evaluate_claims(exp, profile, args.results_root, args.keep)
+        print(f"## {exp} ({profile})")
         for v in verdicts:
             print(verdict_line(v))
         if args.write:
-            print(f"wrote {_rel(evidence_path(exp, args.profile))} and the block in "
+            print(f"wrote {_rel(evidence_path(exp, profile))} and the block in "
                   f"{_rel(readme_path(exp))}")
     for p in problems:
         print(p, file=sys.stderr)
@@ -595,7 +693,9 @@ def register(sub) -> None:
     v = sub.add_parser("verdicts", help="decide each experiment's claims from its results (holds / does not hold / "
                                         "inconclusive, with 95%% CIs) and write the README verdict blocks")
     v.add_argument("experiments", nargs="*", help="experiment names (default: every experiment with claims)")
-    v.add_argument("--profile", choices=["tiny", "paper"], default="tiny")
+    v.add_argument("--profile", choices=["tiny", "paper"], default=None,
+                   help="default: the experiment's `claims_profile:` (the rehearsal's results are the paper "
+                        "profile's), else tiny")
     v.add_argument("--write", action="store_true",
                    help="write experiments/<name>/verdicts_<profile>.json and the README block")
     v.add_argument("--check", action="store_true",
