@@ -51,6 +51,22 @@ def test_cells_cross_seeds_and_the_first_seed_keeps_the_plain_name(tmp_path):
                      f"deltanet-{CONTROL}-r0", f"deltanet-{CONTROL}-r0-seed_1", f"deltanet-{CONTROL}-r0-seed_2"]
 
 
+def test_the_control_takes_only_the_seed_and_rft_settings_of_a_variation(tmp_path):
+    """A control crossed with pruning settings (budgets, calibration) runs once per replicate and RFT budget."""
+    raw = spec(seeds=(0, 1))
+    raw["methods"] = ["l1"]
+    raw["tables"]["table20"]["vary"] = [{"budget": ["uniform", "global-aire"], "n_calib": [2, 4]},
+                                        {"rft_steps": [4]}]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    _, cells, _ = table_cells(load_experiment(str(path)), "table20", "tiny")
+    controls = [c.name for c in cells if c.method == CONTROL]
+    assert controls == [f"deltanet-{CONTROL}-r0", f"deltanet-{CONTROL}-r0-seed_1",
+                        f"deltanet-{CONTROL}-r0-steps_4", f"deltanet-{CONTROL}-r0-steps_4-seed_1"]
+    pruned = [c.name for c in cells if c.method == "l1"]
+    assert len(pruned) == 2 * (4 + 1) and "deltanet-l1-r50-bud_global-aire-n_4-seed_1" in pruned
+
+
 def test_plan_seeds_drive_calibration_and_rft_and_the_control_skips_pruning(tmp_path):
     plan = plan_table(write(tmp_path), "table20", "tiny")["stages"]
     prune = dict(plan["prune"])

@@ -546,17 +546,21 @@ def table_evaluate(spec: dict, table: str, profile: str) -> tuple[dict, str]:
 def expand_vary(spec: dict, table: str, profile: str, cells: list[Cell], seeds=None) -> list[Cell]:
     """Each cell once per variation of the table (unchanged where the table has no `vary:`), and each of those
     once per replicate seed (table_seeds) unless the variation sets the seed itself (Table 7). The profile's own
-    seed is no override, so the first replicate keeps the plain name and key of a single-seed run."""
+    seed is no override, so the first replicate keeps the plain name and key of a single-seed run. The dense+RFT
+    control takes only the seed and RFT settings (RFT_VARY) of a variation: one control per replicate and RFT
+    budget, shared by every pruning setting of the table."""
     replicates = replicate_varies(spec, table, profile, seeds)
     out = []
     for c in cells:
         for v in table_variations(spec, table, profile):
+            if c.method == CONTROL:  # the control prunes nothing: only a variation's seed and RFT settings apply to it
+                v = tuple((k, x) for k, x in v if k == "seed" or k in RFT_VARY)
             if any(k == "seed" for k, _ in v):
                 out.append(Cell(c.model, c.method, c.ratio, v))
                 continue
             for extra in replicates:
                 out.append(Cell(c.model, c.method, c.ratio, tuple(sorted(v + extra))))
-    return out
+    return list(dict.fromkeys(out))  # a control crossed with pruning settings (budgets, calibration) runs once
 
 
 def replicate_varies(spec: dict, table: str, profile: str, seeds=None) -> list[tuple[tuple[str, object], ...]]:
