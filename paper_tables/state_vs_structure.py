@@ -19,7 +19,7 @@ from pathlib import Path
 from paper_tables import writers
 from paper_tables.collect import by_seed
 from paper_tables.figures import save_figure
-from state_reduction.pipeline import load_experiment, profile_spec, table_cells
+from state_reduction.pipeline import CONTROL, load_experiment, profile_spec, table_cells
 from state_reduction.stats import mean_ci
 
 
@@ -41,8 +41,18 @@ def gather(profile: str, results_root=None) -> dict:
     prune, evals, baseline = by_seed(EXPERIMENT, profile, metric, default_seed, results_root)
     seeds = {t: sorted({dict(c.vary).get("seed", default_seed) for c in table_cells(spec, t, profile)[1]})
              for t in spec["tables"]}
-    return {"seeds_pre": seeds[TABLE], "seeds_post": seeds.get(TABLE + "_rft", []), "spec": spec, "profile": profile, "default_seed": default_seed, "models": keys, "cells": cells, "rft": rft_states, "prune": prune, "evals": evals,
-            "baseline": baseline, "metric": metric}
+    post = TABLE + "_rft"
+    control = post in spec["tables"] and any(c.method == CONTROL for c in table_cells(spec, post, profile)[1])
+    return {"seeds_pre": seeds[TABLE], "seeds_post": seeds.get(post, []), "spec": spec, "profile": profile,
+            "default_seed": default_seed, "models": keys, "cells": cells, "rft": rft_states, "prune": prune,
+            "evals": evals, "baseline": baseline, "metric": metric, "control": control}
+
+
+def control_values(g: dict, model: str) -> list:
+    """The dense+RFT control's post-RFT metric per post-RFT seed ([] when the post-RFT table has no control)."""
+    if not g["control"]:
+        return []
+    return [g["evals"].get((model, CONTROL, 0.0, s, True)) for s in g["seeds_post"]]
 
 
 def _ci(values) -> str:
@@ -93,6 +103,9 @@ def markdown(g: dict, rs: list[dict], profile: str) -> str:
     for model in g["models"]:
         base = g["baseline"].get(model)
         table.append([model, "dense", "0", "100%", "100%", "100%", "1.00", _ci([base]), None])
+        if g["control"]:  # LoRA merged into the dense weights: the same shapes, state and cost as dense
+            table.append([model, "dense+RFT", "0", "100%", "100%", "100%", "1.00", None,
+                          _ci(control_values(g, model))])
         for r in (r for r in rs if r["model"] == model):
             sp = "--" if r["decode_speedup"] is None else f"{r['decode_speedup']:.2f}"
             table.append([model, r["method"], f"{r['ratio']:g}", _pct(r["state_kept"]), _pct(r["params_kept"]),
@@ -101,7 +114,11 @@ def markdown(g: dict, rs: list[dict], profile: str) -> str:
                                    "decode speedup", "pre-RFT", "post-RFT"], table, rule=" --- ").rstrip("\n"))
     lines += ["", "Samples per cell (calibration seeds with a result): "
               + ", ".join(f"{r['model']}-{r['method']}: pre {_n(r['pre'])}, post {_n(r['post'])}" for r in rs)
+              + "".join(f", {m}-dense+RFT: post {_n(control_values(g, m))}" for m in g["models"] if g["control"])
               + f"; the table asks for {len(g['seeds_pre'])} pre-RFT and {len(g['seeds_post'])} post-RFT seeds."]
+    if g["control"]:
+        lines += ["", "dense+RFT: the dense model fine-tuned with the same RFT recipe, budget and seeds as the pruned "
+                  "cells (the control); post-RFT cells are read against it, not against the dense model."]
     return "\n".join(lines) + "\n"
 
 
@@ -140,6 +157,11 @@ def vs_paper(g: dict, rs: list[dict], profile: str) -> str:
                                rule=" --- ").rstrip("\n")]
     lines += ["", f"## Ours ({profile} profile): perplexity relative to dense (dense / pruned, higher is better)", ""]
     ours = []
+    for model in g["models"] if g["control"] else []:
+        base = g["baseline"].get(model)
+        vals = [base / v for v in control_values(g, model) if v and base and math.isfinite(v)]
+        ours.append([model, "dense+RFT", "0", "100%", "--",
+                     f"{100 * sum(vals) / len(vals):.1f}%" if vals else "--", "1.00x"])
     for r in rs:
         base = g["baseline"].get(r["model"])
 
@@ -186,6 +208,10 @@ def figures(g: dict, rs: list[dict], profile: str, out_dir: Path) -> list[Path]:
             base = g["baseline"].get(model)
             if base is not None:
                 ax.plot([1.0], [base], marker="*", color="k", markersize=10, linestyle="none", label="dense")
+            ctrl = [v for v in control_values(g, model) if v is not None and math.isfinite(v)]
+            if ctrl:
+                ax.plot([1.0], [sum(ctrl) / len(ctrl)], marker="P", color="0.4", markersize=8, linestyle="none",
+                        label="dense+RFT (control)")
             ax.set_yscale("log")
             ax.set_title(model)
             ax.set_xlabel(xlabel)
