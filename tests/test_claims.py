@@ -309,8 +309,9 @@ def test_extra_rows_from_a_committed_folder_and_bad_sources(experiment, tmp_path
     committed = exp_dir / "results"
     for model, offs in (("a", [0.1, -0.05]), ("b", [0.02, 0.03])):
         rows = [{"model": model, "stage": "prune", "predicted_off": o, "ok": True} for o in offs]
-        r = build_result("bench", profile="paper" if model == "b" else "tiny", experiment="rehearsal", config={"layers": 2}, metrics={},
-                         model=None, data={}, seeds={}, wall_time_s=0.0, extra={"rows": rows + [{"stage": "build"}]})
+        r = build_result("bench", profile="paper" if model == "b" else "tiny", experiment="rehearsal",
+                         config={"layers": 2}, metrics={}, model=None, data={}, seeds={}, wall_time_s=0.0,
+                         extra={"rows": rows + [{"stage": "build"}]})
         write_result(committed / f"rehearsal-{model}.json", r)
     rel = committed.relative_to(claims.REPO_ROOT) if committed.is_relative_to(claims.REPO_ROOT) else committed
     config = {"experiment": "toy", "claim_rows": {"from": "extra_rows", "dir": str(rel)}, "claims": [
@@ -340,7 +341,8 @@ def test_training_record_rows_read_the_committed_records_of_the_tiny_profile_onl
             "name": name, "family": "deltanet", "config": {"seed": int(name[-1])},
             "eval": {"mqar": {"pairs_8": {"accuracy": acc, "queries": 2048}}},
             "provenance": {"git_commit": "x"}, "data": {"ptb": {"sha256": "y"}}}))
-    (exp_dir / "config.yaml").write_text(yaml.safe_dump({"experiment": "toy", "claim_rows": {"from": "training_records"}}))
+    config = {"experiment": "toy", "claim_rows": {"from": "training_records"}}
+    (exp_dir / "config.yaml").write_text(yaml.safe_dump(config))
     rows = claims.claim_rows("tiny", "toy")
     assert [r["name"] for r in rows] == ["m_s0", "m_s1"] and rows[1]["eval.mqar.pairs_8.accuracy"] == 0.97
     assert rows[0]["kind"] == "pretrain" and rows[0]["config.seed"] == 0

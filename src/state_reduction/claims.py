@@ -26,8 +26,9 @@ alone when it is unambiguous) and every metric. An experiment whose evidence is 
 source (ROW_SOURCES) in its config, `claim_rows: {from: SOURCE, dir: FOLDER}`: `extra_rows` (one row per entry of a
 result's extra.rows: a rehearsal's stages), `repetitions` (one row per timed repetition of a benchmark row, with the
 paired ratio to the base row of the same repetition: experiments/speed) or `training_records` (the committed
-pretraining records: experiments/tiny_models); `dir` reads committed results instead of results/<profile>/. `where` keeps the rows whose fields equal the given values (a
-list: any of them; null: rows without the field, e.g. a `vary` setting at its default); the chosen metric of those rows are the samples, normally one per seed.
+pretraining records: experiments/tiny_models); `dir` reads committed results instead of results/<profile>/.
+`where` keeps the rows whose fields equal the given values (a list: any of them; null: rows without the field, e.g. a
+`vary` setting at its default); the chosen metric of those rows are the samples, normally one per seed.
 
 Verdict from the 95% t-interval of the (paired, else Welch) mean difference d = lhs - rhs:
 holds when the whole interval satisfies `d op margin`, does not hold when the whole interval violates it,
