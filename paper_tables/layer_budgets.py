@@ -17,7 +17,7 @@ from paper_tables import writers
 from paper_tables.collect import by_seed
 from paper_tables.figures import save_figure
 from state_reduction.atomic import write_text_atomic
-from state_reduction.pipeline import load_experiment, profile_spec, table_cells
+from state_reduction.pipeline import CONTROL, load_experiment, profile_spec, table_cells
 from state_reduction.stats import diff_ci, mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,12 +35,15 @@ def gather(table: str, profile: str, results_root=None) -> dict:
     prune, evals, baseline = by_seed(
         EXPERIMENT, profile, metric, default_seed, results_root, prune_value=lambda r: r,
         cell=lambda c: (c["model"], c["method"], c["ratio"], (c.get("vary") or {}).get("budget", UNIFORM)))
-    groups = {}
+    groups, controls = {}, {}
     for c in cells:
         v = dict(c.vary)
+        if c.method == CONTROL:  # the dense+RFT control: no budget, one per seed
+            controls.setdefault(c.model, []).append(v.get("seed", default_seed))
+            continue
         groups.setdefault((c.model, c.method, c.ratio, v.get("budget", UNIFORM)), []).append(v.get("seed", default_seed))
-    return {"models": keys, "groups": groups, "rft": rft_states, "prune": prune, "evals": evals,
-            "baseline": baseline, "metric": metric}
+    return {"models": keys, "groups": groups, "controls": controls, "rft": rft_states, "prune": prune,
+            "evals": evals, "baseline": baseline, "metric": metric}
 
 
 def layer_dims(result: dict) -> dict[int, int] | None:
@@ -87,6 +90,9 @@ def rows(g: dict) -> list[list]:
         if True in g["rft"]:
             row += [_ci(post), _paired(g, key, seeds, True)]
         out.append(row)
+    for model, seeds in g.get("controls", {}).items():  # the dense model fine-tuned with the same recipe and seeds
+        post = [g["evals"].get((model, CONTROL, 0.0, UNIFORM, s, True)) for s in seeds]
+        out.append([model, "dense+RFT", "0", "--", "all", "100%", "--", "", "", _ci(post), ""])
     return out
 
 
@@ -100,7 +106,8 @@ def markdown(table: str, g: dict, profile: str) -> str:
              f"{label} (lower is better), mean [95% t-interval] over calibration seeds; 'vs uniform': the paired "
              "difference (budget - uniform, same seeds; negative = the adaptive budget is better) with its 95% "
              "t-interval. Dense: " + ", ".join(f"{k} {v:.4g}" for k, v in g["baseline"].items() if v is not None)
-             + ".", ""]
+             + "." + (" dense+RFT: the dense model fine-tuned with the same RFT recipe and seeds (the control post-RFT "
+                      "cells are read against)." if g.get("controls") else ""), ""]
     lines.append(writers.markdown(header, rows(g), rule=" --- ").rstrip("\n"))
     return "\n".join(lines) + "\n"
 

@@ -36,3 +36,21 @@ def test_rows_show_per_layer_key_dims_totals_and_the_paired_difference(tmp_path)
     assert "| deltanet | energy | 0.5 | global-aire | 256/256 | 50.0% | 50, 42, 28, 8 |" in text
     assert paired in text and "| deltanet | energy | 0.5 | uniform | = | 50.0% | 32.0 in every layer |" in text
     assert png.stat().st_size > 0 and pdf.suffix == ".pdf"
+
+
+def test_the_dense_rft_control_is_one_row_per_model_with_its_post_rft_interval(tmp_path):
+    """layer_budgets_rft has the dense+RFT control: one row per model (no budget, no K'), its post-RFT mean and
+    interval over the seeds; no K' panel for it in the figure."""
+    values = [90.0, 90.5, 89.5]
+    for seed, v in enumerate(values):
+        config = {"model": "deltanet", "method": "dense", "ratio": 0.0, "vary": {"seed": seed}, "rft": True}
+        _write(tmp_path, f"dense-{seed}-post", "evaluate", config, {"ptb_word_perplexity": v})
+    (md, *figures) = render("layer_budgets_rft", "tiny", results_root=tmp_path, out_root=tmp_path / "out",
+                            figures_root=tmp_path / "fig")
+    from state_reduction.stats import mean_ci
+
+    rows = [line for line in md.read_text().splitlines() if "dense+RFT |" in line]
+    assert len(rows) == 4  # the four families, three without results
+    assert rows[0] == f"| deltanet | dense+RFT | 0 | -- | all | 100% | -- |  |  | {mean_ci(values).format(4)} |  |"
+    assert all(r.endswith("| -- |  |") for r in rows[1:])
+    assert "the control post-RFT cells are read against" in md.read_text()
