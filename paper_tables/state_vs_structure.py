@@ -39,10 +39,10 @@ def gather(profile: str, results_root=None) -> dict:
     default_seed = profile_spec(spec, profile)["prune"]["seed"]
     metric = METRIC[profile][0]
     prune, evals, baseline = by_seed(EXPERIMENT, profile, metric, default_seed, results_root)
-    seeds = {t: sorted({dict(c.vary).get("seed", default_seed) for c in table_cells(spec, t, profile)[1]})
-             for t in spec["tables"]}
+    table_cells_ = {t: table_cells(spec, t, profile)[1] for t in spec["tables"]}
+    seeds = {t: sorted({dict(c.vary).get("seed", default_seed) for c in cs}) for t, cs in table_cells_.items()}
     post = TABLE + "_rft"
-    control = post in spec["tables"] and any(c.method == CONTROL for c in table_cells(spec, post, profile)[1])
+    control = any(c.method == CONTROL for c in table_cells_.get(post, []))
     return {"seeds_pre": seeds[TABLE], "seeds_post": seeds.get(post, []), "spec": spec, "profile": profile,
             "default_seed": default_seed, "models": keys, "cells": cells, "rft": rft_states, "prune": prune,
             "evals": evals, "baseline": baseline, "metric": metric, "control": control}

@@ -181,10 +181,16 @@ def experiment_config(experiment: str) -> Path:
     return path
 
 
+def _config(experiment: str) -> tuple[Path, dict]:
+    """The experiment's config.yaml and its mapping (claims, claim_rows, claims_profile)."""
+    path = experiment_config(experiment)
+    return path, yaml.safe_load(path.read_text()) or {}
+
+
 def load_claims(experiment: str, profile: str | None = None) -> list[Claim]:
     """The claims declared by the experiment (for `profile`: those without a profile or with that one)."""
-    path = experiment_config(experiment)
-    raw = (yaml.safe_load(path.read_text()) or {}).get("claims") or []
+    path, config = _config(experiment)
+    raw = config.get("claims") or []
     source = str(_rel(path))
     if not isinstance(raw, list):
         raise ClaimError(f"{source}: 'claims' must be a list, got {type(raw).__name__}")
@@ -227,6 +233,11 @@ def _records(folder: Path | None, profile: str, experiment: str, results_root=No
             yield path, record
 
 
+def _record_row(record: dict) -> dict:
+    """The fields every row of a result carries: its kind and its flattened config."""
+    return {"kind": record["kind"], **_flatten(record["config"])}
+
+
 def _scalars(row: dict) -> dict:
     """The row's fields without its lists (per-repetition samples), nested mappings flattened."""
     return {k: v for k, v in _flatten(row).items() if not isinstance(v, list)}
@@ -236,8 +247,7 @@ def result_rows(profile: str, experiment: str, results_root=None, folder=None) -
     """One row per result file of the experiment: kind, flattened config, metrics, and the file name."""
     rows = []
     for path, record in _records(folder, profile, experiment, results_root):
-        rows.append({"kind": record["kind"], **_flatten(record["config"]), **record["metrics"],
-                     "_file": path.name})
+        rows.append({**_record_row(record), **record["metrics"], "_file": path.name})
     return rows
 
 
@@ -247,8 +257,7 @@ def extra_rows(profile: str, experiment: str, results_root=None, folder=None) ->
     rows = []
     for path, record in _records(folder, profile, experiment, results_root):
         for j, entry in enumerate((record.get("extra") or {}).get("rows") or []):
-            rows.append({"kind": record["kind"], **_flatten(record["config"]), **_scalars(entry),
-                         "_file": f"{path.name}#{j}"})
+            rows.append({**_record_row(record), **_scalars(entry), "_file": f"{path.name}#{j}"})
     return rows
 
 
@@ -272,8 +281,8 @@ def repetition_rows(profile: str, experiment: str, results_root=None, folder=Non
             base_samples = (base or {}).get("samples_ms") or []
             for i, ms in enumerate(samples):
                 ratio = base_samples[i] / ms if len(base_samples) == len(samples) and ms > 0 else None
-                rows.append({"kind": record["kind"], **_flatten(record["config"]), **_scalars(entry), "rep": i,
-                             "sample_ms": ms, "speedup_rep": ratio, "_file": f"{path.name}#{j}.{i}"})
+                rows.append({**_record_row(record), **_scalars(entry), "rep": i, "sample_ms": ms,
+                             "speedup_rep": ratio, "_file": f"{path.name}#{j}.{i}"})
     return rows
 
 
@@ -299,8 +308,8 @@ ROW_SOURCES = {"results": result_rows, "extra_rows": extra_rows, "repetitions": 
 
 def claims_profile(experiment: str) -> str:
     """The profile whose verdict block the experiment's README carries: its config's `claims_profile:`, else tiny."""
-    path = experiment_config(experiment)
-    profile = (yaml.safe_load(path.read_text()) or {}).get("claims_profile", "tiny")
+    path, config = _config(experiment)
+    profile = config.get("claims_profile", "tiny")
     if profile not in ("tiny", "paper"):
         raise ClaimError(f"{_rel(path)}: claims_profile must be tiny or paper, got {profile!r}")
     return profile
@@ -308,8 +317,8 @@ def claims_profile(experiment: str) -> str:
 
 def claim_rows(profile: str, experiment: str, results_root=None) -> list[dict]:
     """The rows the experiment's claims select from (ROW_SOURCES, chosen by its config's `claim_rows:`)."""
-    path = experiment_config(experiment)
-    spec = (yaml.safe_load(path.read_text()) or {}).get("claim_rows") or {}
+    path, config = _config(experiment)
+    spec = config.get("claim_rows") or {}
     unknown = sorted(set(spec) - {"from", "dir"}) if isinstance(spec, dict) else ["<not a mapping>"]
     if unknown:
         raise ClaimError(f"{_rel(path)}: claim_rows takes `from` and `dir`, got {unknown}")
