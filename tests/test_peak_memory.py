@@ -1,5 +1,7 @@
 """HeapPeak: the heap's peak inside a block, read after ops once their outputs add up to the resolution."""
 
+import gc
+
 import torch
 
 from state_reduction.peak_memory import HeapPeak
@@ -46,3 +48,18 @@ def test_large_outputs_are_read_after_every_op():
     coarse, fine = _both(block)
     assert coarse.reads == 2 + 5
     assert abs(coarse.peak - fine.peak) < 1 << 16  # the same readings, from bases a few allocations apart
+
+
+def test_garbage_from_before_the_block_does_not_lower_its_peak():
+    """A collection inside the block (one the interpreter triggers, here forced) must not free what was garbage
+    before it: that would pull the heap under the base and the block's 8 MiB under zero."""
+    held = [torch.zeros(1 << 24)]  # 64 MiB in a reference cycle: garbage only the collector frees
+    held.append(held)
+    del held
+    was_enabled = gc.isenabled()
+    with HeapPeak() as peak:
+        assert not gc.isenabled()
+        gc.collect()
+        block = torch.ones(1 << 21)  # 8 MiB
+    assert gc.isenabled() == was_enabled
+    assert peak.peak >= block.untyped_storage().nbytes()
