@@ -26,6 +26,7 @@ from state_reduction.analysis.experiment import EXPERIMENT, analysis_name, overl
 from state_reduction.analysis.rank import spectral_gap
 from state_reduction.analysis.selection import median, pearson
 from state_reduction.pipeline import (
+    CONTROL,
     load_experiment,
     profile_spec,
     replicate_varies,
@@ -76,6 +77,7 @@ class RankResults:
         self.spec = load_experiment(self.experiment)
         self.models, self.cells, self.rft_states = table_cells(self.spec, target, profile)
         self.methods = table_methods(self.spec, target)
+        self.control = any(c.method == CONTROL for c in self.cells)  # the dense+RFT control (`control: true`)
         self.p = profile_spec(self.spec, profile)
         self.ratio = self.cells[0].ratio if self.cells else float(self.spec["tables"][target]["ratios"][0])
         self.pairs = overlap_pairs(self.spec, target)
@@ -90,10 +92,12 @@ class RankResults:
 
     def replicates(self, model: str, method: str | None = None, rft: bool = False,
                    compare: str | None = None) -> list[tuple[int, dict]]:
-        """(seed, `extra`) of each replicate's analysis that exists, the first seed first; missing ones are listed."""
+        """(seed, `extra`) of each replicate's analysis that exists, the first seed first; missing ones are listed.
+        method CONTROL: the dense+RFT control's (ratio 0, post-RFT)."""
         out = []
+        ratio = 0.0 if method == CONTROL else self.ratio
         for seed, vary in zip(self.seeds, self.varies):
-            name = analysis_name(model, method, self.ratio, rft, compare, vary)
+            name = analysis_name(model, method, ratio, rft, compare, vary)
             record = self.records.get(name)
             if record is None:
                 if name not in self.missing:
@@ -137,7 +141,7 @@ class RankResults:
 
     def kept(self, model: str) -> int | None:
         for c in self.cells:
-            s = self.states(c.model, c.method) if c.model == model else None
+            s = self.states(c.model, c.method) if c.model == model and c.method != CONTROL else None
             if s:
                 return next(iter(s.values()))["d_k"]
         return None
@@ -208,6 +212,11 @@ def layout_table5(r: RankResults):
         d_k = next(iter(dense[0][1]["dense"]["states"].values()))["d_k"] if dense else "?"
         summaries = [("baseline", False, f"Baseline (d_k={d_k})", [x["utilization_summary"]["dense"] for _, x in dense],
                       [pearson(base_u, base_u)] if dense else [], [x["dense"]["states"] for _, x in dense])]
+        if r.control:  # the dense model after the same RFT, at full width, on the baseline's windows
+            sels = [x["selection"] for _, x in r.replicates(model, CONTROL, True)]
+            summaries.append((CONTROL, True, f"{METHOD_NAMES[CONTROL]} (d_k={sels[0]['kept'] if sels else '?'})",
+                              [x["utilization_summary"] for x in sels], [x["pearson_u"] for x in sels],
+                              [x["states"] for x in sels]))
         for method in r.methods:
             for rft in r.rft_states:
                 sels = [x["selection"] for _, x in r.replicates(model, method, rft)]
@@ -242,6 +251,9 @@ def render_table5(r: RankResults) -> tuple[str, str, str]:
     md = markdown(header, rows) + f"\n{r.ci_note()}\n"
     md += "\nPer head (u, mean over seeds; -- = degenerate head or missing run):\n\n" + markdown(dh, drows)
     md += "".join(f"\n- {n}" for n in notes)
+    if r.control:
+        md += (f"\n- {METHOD_NAMES[CONTROL]}: the dense model fine-tuned with the same RFT recipe and budget (one run "
+               "per seed), every channel kept, on the baseline's windows; rho is with the baseline per head.")
     intro = ("ours / paper per cell (paper: DeltaNet 370M, d_k 128 -> 32, FineWeb; ours: the tiny DeltaNet, "
              "d_k 64 -> 16, ptb). u is relative to each model's own d_k, so the levels are comparable in kind.")
     return latex(f"{caption}. {r.ci_note()}", header, rows), md, vs_paper(
@@ -555,6 +567,11 @@ def render_figure6(r: RankResults, figures_root=None):
     rows, paths = [], []
     for model in r.models:
         series, gap_rows = [], []
+        if r.control:  # the dense model before (dashed) and after (solid) the same RFT: what fine-tuning alone does
+            for label, reps, ls in (("Dense", r.states_of(model), "--"),
+                                    (METHOD_NAMES[CONTROL], r.states_of(model, CONTROL, True), "-")):
+                series.append((label, mean_states(reps) if reps else None, "k", ls))
+                gap_rows.append(_gap_row(label, reps, r.kept(model)))
         for m, c in zip(r.methods, colors):
             for rft in r.rft_states:
                 label = f"{METHOD_NAMES[m]} {'post' if rft else 'pre'}-RFT"
@@ -565,7 +582,9 @@ def render_figure6(r: RankResults, figures_root=None):
                                   f"after (solid) RFT, {round(r.ratio * 100)}% reduction{_seeds_title(r)}",
                                   figures_root)
         rows += gap_rows
-    claim = ("Paper (C.5, Figure 6): a spectral gap can also develop during recovery fine-tuning.")
+    claim = ("Paper (C.5, Figure 6): a spectral gap can also develop during recovery fine-tuning."
+             + (f" {METHOD_NAMES[CONTROL]} (ours): the dense model fine-tuned with the same RFT, its gap among the same "
+                "k values as the reduced models'." if r.control else ""))
     return GAP_HEADER, rows, claim, paths
 
 

@@ -140,5 +140,23 @@ def test_selection_model_must_keep_what_the_selection_keeps(tmp_path, pruned, ca
     assert main(["analyze", GDN, "--selection", sel, "--selection-model", GDN, "--out", str(out), *SMALL]) == 2
     err = capsys.readouterr().err
     assert GDN in err and "selection.json" in err and "2 key heads x 64" in err and "keeps 2 x 32" in err
+    # without --selection the model is analysed at full width (the dense+RFT control): a pruned one does not fit
     assert main(["analyze", GDN, "--selection-model", sel, "--out", str(out), *SMALL]) == 2
-    assert "--selection-model needs --selection" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"model {sel} has 2 key heads x 32 channels" in err and "keeps 2 x 64" in err and "every key channel" in err
+
+
+def test_a_full_width_model_analysed_beside_itself_is_the_dense_model(tmp_path):
+    """The control's analysis (--selection-model without --selection, every channel kept) of the dense model itself:
+    the same states, so the same u, rho 1 with the baseline, the same spectral gap among d_k values and the same
+    conditioning."""
+    out = tmp_path / "o.json"
+    assert main(["analyze", GDN, "--selection-model", GDN, "--out", str(out), *SMALL]) == 0
+    record = read_result(out)
+    m, sel = record["metrics"], record["extra"]["selection"]
+    assert sel["kept"] == 64 and sel["model_dir"] == GDN and sel["method"] is None
+    assert m["selection_u_mean"] == pytest.approx(m["u_mean"], rel=1e-12)
+    assert m["selection_pearson_u"] == pytest.approx(1.0, abs=1e-9)
+    assert m["selection_spectral_gap_median"] == pytest.approx(m["dense_spectral_gap_median"], rel=1e-12)
+    for k in ("kappa", "sigma_min", "sigma_max"):
+        assert m[f"selection_{k}_median"] == pytest.approx(m[f"{k}_median_dense"], rel=1e-9)

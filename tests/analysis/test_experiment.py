@@ -34,7 +34,10 @@ def test_every_target_plans_its_analyses_without_running(profile, monkeypatch):
     seeds = [(), (("seed", 1),), (("seed", 2),)] if profile == "tiny" else [()]
     assert figure6 == [analysis_name(model, vary=v) for v in seeds] + [
         analysis_name(model, m, 0.75, rft, vary=v) for m in ("drrqr", "grad", "l1") for v in seeds
-        for rft in (False, True)]
+        for rft in (False, True)] + [analysis_name(model, "dense", 0.0, True, vary=v) for v in seeds]  # the control
+    control = dict(plan_analyses("figure6", profile)["stages"]["analyze"])[analysis_name(model, "dense", 0.0, True)]
+    rft = dict(plan_analyses("figure6", profile)["stages"]["rft"])[f"{model}-dense-r0-rft"]
+    assert control["of"] == config_key(rft) and rft["pruned"] == "dense"  # the dense model's RFT, nothing pruned
     c2 = plan_analyses("tableC2", profile)["stages"]["analyze"]
     pair = dict(c2)[analysis_name(model, "drrqr", 0.75, compare="rand")]
     assert pair["compare"] == "rand" and pair["of"] != pair["compare_of"]
@@ -68,7 +71,7 @@ def test_each_replicate_seed_has_its_own_analyses_and_the_first_keeps_a_single_s
 def test_run_analysis_dry_run_on_the_command_line(capsys):
     assert main(["run-analysis", "table5", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "stage rft: 6 runs" in out and "deltanet-l1-r75-rft-analyze" in out and "deltanet-l1-r75-seed_2-rft-analyze" in out
+    assert "stage rft: 9 runs" in out and "deltanet-dense-r0-seed_2-rft-analyze" in out and "deltanet-l1-r75-rft-analyze" in out and "deltanet-l1-r75-seed_2-rft-analyze" in out
 
 
 def _experiment(tmp_path, overlap=(("l1", "rand"),)) -> Path:

@@ -82,6 +82,8 @@ def results(tmp_path):
     _write(root, analysis_name(MODEL, "drrqr", 0.75), _selection_extra(3.0, 0.9, 50.0))
     _write(root, analysis_name(MODEL, "drrqr", 0.75, rft=True), _selection_extra(3.5, 0.8, 40.0, gap_at=1))
     _write(root, analysis_name(MODEL, "grad", 0.75), _selection_extra(2.0, 0.5, 49.0))
+    # the dense+RFT control: full width (8 channels), u 1.2x the dense model's, no gap
+    _write(root, analysis_name(MODEL, "dense", 0.0, rft=True), _selection_extra(1.2, 0.1, 50.0, kept=8))
     overlap = {**_selection_extra(3.0, 0.9, 50.0),
                "overlap": {"per_layer": {"0": [2, 1], "1": [2, 2]}, "median": 2.0, "kept": [2, 2]}}
     _write(root, analysis_name(MODEL, "drrqr", 0.75, compare="grad"), overlap)
@@ -115,6 +117,7 @@ def test_table5_holes_degenerate_heads_and_the_papers_rows(results, tmp_path):
     md = texts["md"]
     assert "| Baseline (d_k=8) | 0.050 |" in md and "| 1.00 | 3/4 |" in md  # rho of the baseline with itself
     assert "| DRRQR (d_k=2) | 0.150 |" in md and "| DRRQR (d_k=2) post-RFT | 0.175 |" in md
+    assert "| Dense+RFT (d_k=8) | 0.060 |" in md and "Dense+RFT: the dense model fine-tuned" in md
     assert "| L1 (d_k=?) | -- | -- | -- | -- | -- | -- |" in md
     assert "L0 H1 | -- | -- |" in md and "degenerate heads (all-zero states; no rank): L0H1" in md
     assert set(w["missing"]) == {analysis_name(MODEL, "l1", 0.75), analysis_name(MODEL, "l1", 0.75, rft=True)}
@@ -174,12 +177,17 @@ def test_figures_render_with_holes_and_dead_heads(results, tmp_path, target):
 
 
 def test_figure6_reports_the_gap_that_rft_opened(results, tmp_path):
-    md = _texts(_render("figure6", results, tmp_path))["md"]
+    texts = _texts(_render("figure6", results, tmp_path))
+    md = texts["md"]
     pre = next(line for line in md.splitlines() if line.startswith("| DRRQR pre-RFT"))
     post = next(line for line in md.splitlines() if line.startswith("| DRRQR post-RFT"))
     assert "| 1.11 | 1.11 |" in pre and "none" in pre  # 1.0 / 0.9
     assert "| 10.00 | 10.00 |" in post and "L0H0@1" in post and "L0H1" not in post  # the degenerate head has none
     assert "| L1 pre-RFT | -- |" in md
+    dense = next(line for line in md.splitlines() if line.startswith("| Dense |"))
+    control = next(line for line in md.splitlines() if line.startswith("| Dense+RFT |"))
+    assert "| 2.00 | 2.00 |" in dense  # 1.0 / 0.5 among the first k = 2 of the dense spectrum
+    assert "| 1.11 | 1.11 |" in control and "Dense+RFT (ours)" in texts["vs_paper"]
 
 
 def test_figure7_compares_within_and_across_heads(results, tmp_path):

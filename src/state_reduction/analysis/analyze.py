@@ -10,7 +10,9 @@ The result's `extra` holds, per layer (keys are layer indices as strings):
   dense.conditioning         per_layer[layer][key head] = {sigma_min, sigma_max, kappa, degenerate}, median (Table 6)
   selection / compare        path, method, kept, conditioning (kept columns), states (after pruning; of
                              `selection_model` where given, e.g. the model after RFT), pearson_u
-                             (Table 5 rho over all (layer, head)), utilization_summary (mean, std, min, max)
+                             (Table 5 rho over all (layer, head)), utilization_summary (mean, std, min, max);
+                             `selection_model` without a selection: that full-width model with every channel kept
+                             (the dense+RFT control beside the dense model)
   overlap                    per_layer[layer][head] shared channels, median (appendix C.2)
   conv_similarity[layer]     q / k: within_head[h] mean cosine of channel filters, across_heads, dead_filters,
                              filters[h][channel] (the taps, for the Figure 7 heat map)
@@ -42,6 +44,7 @@ from state_reduction.analysis.selection import (
     as_key_channel_selections,
     channel_overlap,
     check_fits,
+    full_selection,
     load_selection,
     median,
     pearson,
@@ -63,7 +66,9 @@ class AnalyzeConfig:
     model: str
     selection: str | None = None
     compare: str | None = None
-    selection_model: str | None = None  # the reduced model analysed for `selection` (default: its own folder)
+    # the reduced model analysed for `selection` (default: its own folder); without `selection`, a full-width model
+    # analysed with every channel kept (the dense+RFT control beside the dense model it was fine-tuned from)
+    selection_model: str | None = None
     calib: str = "ptb"
     stream: str = "calibration"  # Table 6 measures the activations the selectors saw; "evaluation" is held out
     n_calib: int = 4
@@ -204,8 +209,6 @@ def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "ana
     check_divisor(cfg.divisor)
     if cfg.compare and not cfg.selection:
         raise InputError("analyze: --compare OTHER needs --selection (the overlap is between the two)")
-    if cfg.selection_model and not cfg.selection:
-        raise InputError("analyze: --selection-model needs --selection (the channels that model kept)")
     t0 = time.time()
     install_cpu_backend()
     model, adapter = _load(cfg.model)
@@ -216,6 +219,8 @@ def analyze(cfg: AnalyzeConfig, *, profile: str = "tiny", experiment: str = "ana
         sel = load_selection(path)
         check_fits(sel, cfg.model, model.config.model_type, layers, H, K)
         selections.append(sel)
+    if cfg.selection_model and not cfg.selection:  # a full-width model (the dense+RFT control): every channel kept
+        selections.append(full_selection(cfg.selection_model, model.config.model_type, layers, H, K))
 
     tokenizer = load_tokenizer(cfg.model)
     windows = sample_sequences(tokenizer, cfg.calib, n=cfg.n_calib, seq_len=cfg.seq_len, seed=cfg.seed,

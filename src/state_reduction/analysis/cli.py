@@ -63,7 +63,8 @@ def register(subparsers) -> None:
     p.add_argument("--selection", help="pruned model folder (with selection.json) or a selection.json of MODEL")
     p.add_argument("--compare", help="a second selection: channel overlap with --selection (appendix C.2)")
     p.add_argument("--selection-model", help="the reduced model to analyse for --selection (e.g. after RFT); "
-                   "default: the pruned folder of the selection")
+                   "default: the pruned folder of the selection. Without --selection: a full-width model (e.g. the "
+                   "dense model after RFT, the control) analysed beside MODEL with every channel kept")
     p.add_argument("--out", required=True, help="result JSON file")
     p.add_argument("--calib", default="ptb")
     p.add_argument("--stream", default="calibration", choices=["calibration", "evaluation"],

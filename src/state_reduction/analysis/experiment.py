@@ -8,6 +8,8 @@ one `analyze` result per
   cell, pre-RFT                   <cell>-analyze.json               (states after pruning, conditioning, rho)
   cell, post-RFT                  <cell>-rft-analyze.json           (the same selection, the model after RFT)
   `overlap:` pair [a, b]          <model>-<a>-vs-<b>-r<pct>-analyze.json (appendix C.2)
+  dense+RFT control (`control:`)  <model>-dense-r0-rft-analyze.json  (the dense model after the table's RFT, every
+                                  channel kept, beside the dense model on the same windows: Table 5, Figure 6)
 
 once per replicate seed of the table (`seeds:`, pipeline.table_seeds). A replicate other than the profile's own
 seed carries its seed in the name (`<model>-dense-seed_1-analyze`, `<cell>-seed_1-rft-analyze`, as Cell.name) and
@@ -29,6 +31,7 @@ import torch
 
 from state_reduction.analysis.analyze import AnalyzeConfig, analyze
 from state_reduction.pipeline import (
+    CONTROL,
     Cell,
     PipelineError,
     Runner,
@@ -83,11 +86,11 @@ def analysis_jobs(runner: Runner, spec: dict, table: str, profile: str) -> list[
     for vary in replicate_varies(spec, table, profile):
         jobs += [(analysis_name(k, vary=vary), {**base(k, None, 0.0, vary), "rft": False}) for k in keys]
     for cell in cells:
-        for rft in rft_states:
+        for rft in (True,) if cell.method == CONTROL else rft_states:  # the control exists after RFT only
             of = runner.rft_config(cell) if rft else runner.prune_config(cell)
             jobs.append((analysis_name(cell.model, cell.method, cell.ratio, rft, vary=cell.vary),
                          {**base(cell.model, cell.method, cell.ratio, cell.vary), "rft": rft, "of": config_key(of)}))
-    replicates = list(dict.fromkeys((c.model, c.ratio, c.vary) for c in cells))
+    replicates = list(dict.fromkeys((c.model, c.ratio, c.vary) for c in cells if c.method != CONTROL))
     for model, ratio, vary in replicates:
         for a, b in overlap_pairs(spec, table):
             ca, cb = Cell(model, a, ratio, vary), Cell(model, b, ratio, vary)
@@ -102,7 +105,9 @@ def run_analysis(runner: Runner, name: str, config: dict) -> dict:
     """State-rank analysis of a dense, pruned or post-RFT model (analysis.analyze)."""
     model = runner.dense(config["model"])["path"]
     selection = compare = selection_model = None
-    if config["method"] is not None:
+    if config["method"] == CONTROL:  # the dense model after RFT, at full width beside the dense model
+        selection_model = str(runner.ensure_rft(Runner.cell_of(config)))
+    elif config["method"] is not None:
         cell = Runner.cell_of(config)
         selection = str(runner.ensure_pruned(cell))
         if config["rft"]:

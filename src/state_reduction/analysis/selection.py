@@ -67,6 +67,13 @@ def load_selection(path: str | Path) -> LoadedSelection:
                            int(record["key_dim_after"]), keep, (record.get("config") or {}).get("method"), model_dir)
 
 
+def full_selection(model_dir: str, model_type: str, layers: list[int], heads: int, key_dim: int) -> LoadedSelection:
+    """Every key channel of every head kept: the selection of a model analysed at full width beside the dense one
+    (the dense+RFT control: the dense model fine-tuned, nothing pruned)."""
+    keep = {layer: torch.arange(key_dim).expand(heads, key_dim).clone() for layer in layers}
+    return LoadedSelection(f"{model_dir} (every key channel)", model_type, heads, key_dim, key_dim, keep, None, model_dir)
+
+
 _REDO = "re-create it with `state-reduction prune` (a hand-edited or damaged selection changes every analysis)"
 
 
