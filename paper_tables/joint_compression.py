@@ -4,7 +4,8 @@ linearization alone, and both, per tiny family.
 `state-reduction render joint_compression [--profile tiny|paper]` writes paper_tables/out/<profile>/joint_compression.md
 (per model, method and ratio: pre- and post-RFT perplexity as mean [95% t-interval] over seeds, parameters, state bytes and
 FLOPs per token kept, decode time of the reduced and the dense model measured side by side and their paired speedup,
-the local fit's relative error of the replaced MLPs) and the Pareto figure figures/<profile>/joint_compression_pareto
+the local fit's relative error of the replaced MLPs; where the tables have `control: true`, the dense+RFT control's row and
+each cell's post-RFT perplexity relative to the control of the same seed) and the Pareto figure figures/<profile>/joint_compression_pareto
 .{png,pdf} (perplexity vs parameters, state bytes and decode time, each relative to dense; the non-dominated cells
 joined). The recall tables (those whose suite is a RECALL_COLUMNS suite: the MQAR testbed's models) get their own
 section (accuracy per number of pairs before RFT) and figure figures/<profile>/joint_compression_recall.{png,pdf}.
@@ -20,7 +21,7 @@ from paper_tables import writers
 from paper_tables.collect import by_seed
 from paper_tables.figures import save_figure
 from state_reduction.evaluation.mqar import CELL_PAIRS, CELLS, MIN_QUERIES, cell_name
-from state_reduction.pipeline import load_experiment, profile_spec, table_cells, table_evaluate
+from state_reduction.pipeline import CONTROL, load_experiment, profile_spec, table_cells, table_evaluate
 from state_reduction.ralimp.linearize import parse_linearize_method
 from state_reduction.stats import mean_ci
 
@@ -37,7 +38,10 @@ AXES = (("params_kept", "parameters / dense"), ("state_kept", "state bytes per s
 
 
 def group(method: str) -> str:
-    """state (key channels alone), mlp (RaLiMP alone), both, or baseline (EUGen / SNNK alone)."""
+    """state (key channels alone), mlp (RaLiMP alone), both, baseline (EUGen / SNNK alone), or control (the dense
+    model after the same RFT)."""
+    if method == CONTROL:
+        return "control"
     parsed = parse_linearize_method(method)
     if parsed is None:
         return "state"
@@ -99,10 +103,20 @@ def rows(g: dict, cells: list | None = None) -> list[dict]:
             "decode_ms_dense": _mean([m.get("decode_ms_per_token_dense") for m in pr]),
             "speedup": speed, "decode_rel": (1 / _mean(speed)) if speed else None,
             "fit_error": _mean([m.get("mlp_rel_error_fit") for m in pr]),
-            "post": [g["evals"].get((model, method, ratio, s, True)) for s in seeds],
+            "seeds": seeds, "post": [g["evals"].get((model, method, ratio, s, True)) for s in seeds],
             "pre": [g["evals"].get((model, method, ratio, s, False)) for s in seeds],
         })
     return out
+
+
+def vs_control(r: dict, control: dict | None, metric: str) -> list[float]:
+    """Post-RFT `metric` of row `r` relative to the dense+RFT control of its model, per seed both have (the control
+    of a seed is fine-tuned with that seed): value / control - 1."""
+    if control is None:
+        return []
+    ref = dict(zip(control["seeds"], metric_of(control["post"], metric)))
+    return [v / ref[s] - 1 for s, v in zip(r["seeds"], metric_of(r["post"], metric))
+            if v is not None and ref.get(s) and math.isfinite(v)]
 
 
 def metric_of(values: list, metric: str) -> list:
@@ -129,26 +143,35 @@ def markdown(g: dict, rs: list[dict]) -> str:
     profile = g["profile"]
     metric, label = METRIC[profile]
     pre = any(v is not None for r in rs for v in metric_of(r["pre"], metric))
+    control = {r["model"]: r for r in rs if r["group"] == "control"}
     lines = [f"# Joint compression ({profile} profile)", "",
              f"{label} after RFT (lower is better), mean [95% t-interval] over seeds (n = seeds with a result); kept = "
              "reduced / dense: parameters (the linearized MLPs in their deployed, folded form), recurrent-state bytes "
              "per sequence, matmul FLOPs per token. Decode: batch-1 cached CPU decode, ms per token of the reduced and "
              "of the dense model timed side by side in the same process (interleaved), and their paired speedup "
              "(dense / reduced). fit err: relative squared error of the replaced MLPs against the dense ones on the "
-             "calibration inputs after the local fit (mean over replaced layers and seeds).", ""]
+             "calibration inputs after the local fit (mean over replaced layers and seeds)."
+             + (" dense+RFT: the dense model fine-tuned with the same RFT recipe and budget, one run per seed (the "
+                "control); vs dense+RFT: post-RFT perplexity over the control's of the same seed, minus 1, in % "
+                "(mean [95% t-interval] over seeds): recovery read against the control." if control else ""), ""]
     header = ["model", "method", "ratio", "params kept", "state kept", "FLOPs kept", "decode ms (dense)",
-              "speedup", "fit err"] + (["pre-RFT"] if pre else []) + ["post-RFT"]
+              "speedup", "fit err"] + (["pre-RFT"] if pre else []) + ["post-RFT"] + (["vs dense+RFT"] if control else [])
     table = []
     for model in g["models"]:
         base = (g["baseline"].get(model) or {}).get(metric)
+        ctrl = control.get(model)
         table.append([model, "dense", "0", "100%", "100%", "100%", "--", "1", "--"] + (["--"] if pre else [])
-                     + [_ci([base])])
-        for r in (r for r in rs if r["model"] == model):
+                     + [_ci([base])] + (["--"] if control else []))
+        if control:
+            table.append([model, "dense+RFT", "0", "100%", "100%", "100%", "--", "--", "--"] + (["--"] if pre else [])
+                         + [_ci(metric_of(ctrl["post"], metric)) if ctrl else "--", "--"])
+        for r in (r for r in rs if r["model"] == model and r["group"] != "control"):
             speed = _ci(r["speedup"]) if r["speedup"] else "--"
             dec = "--" if r["decode_ms"] is None else f"{r['decode_ms']:.2f} ({r['decode_ms_dense']:.2f})"
             table.append([model, r["method"], f"{r['ratio']:g}", _pct(r["params_kept"]), _pct(r["state_kept"]),
                           _pct(r["flops_kept"]), dec, speed, _num(r["fit_error"])]
-                         + ([_ci(metric_of(r["pre"], metric))] if pre else []) + [_ci(metric_of(r["post"], metric))])
+                         + ([_ci(metric_of(r["pre"], metric))] if pre else []) + [_ci(metric_of(r["post"], metric))]
+                         + ([_pct_ci(vs_control(r, ctrl, metric))] if control else []))
     lines.append(writers.markdown(header, table, rule=" --- ").rstrip("\n"))
     lines += ["", "Cells without a post-RFT result: " + _missing(rs, "post", metric) + "."]
     return "\n".join(lines) + "\n"
@@ -275,6 +298,10 @@ def figure(g: dict, rs: list[dict], out_dir: Path) -> list[Path]:
             if base is not None:
                 ax.plot([1.0], [base], marker="*", color="k", markersize=10, linestyle="none", label="dense")
                 pts.append((1.0, base))
+            ctrl = [v for r in rs if r["model"] == model and r["group"] == "control"
+                    for v in metric_of(r["post"], metric) if v is not None and math.isfinite(v)]
+            if ctrl:  # the dense model after the same RFT: what fine-tuning alone reaches
+                ax.axhline(sum(ctrl) / len(ctrl), color="k", linewidth=0.8, linestyle=":", label="dense+RFT")
             front = pareto(pts)
             if len(front) > 1:
                 ax.plot(*zip(*front), color="k", linewidth=0.6, linestyle="--", label="Pareto front")

@@ -12,7 +12,7 @@ from state_reduction.stats import mean_ci
 
 
 @pytest.mark.parametrize("method,group", [("drrqr", "state"), ("ralimp-k2", "mlp"), ("eugen-kall", "baseline"),
-                                          ("drrqr+ralimp-kall", "both")])
+                                          ("drrqr+ralimp-kall", "both"), ("dense", "control")])
 def test_groups(method, group):
     assert jc.group(method) == group
 
@@ -34,6 +34,7 @@ def test_render_from_results(tmp_path):
     _write(root, "gdn-base", "evaluate", {**base, "method": "baseline", "ratio": 0.0, "rft": False},
            {"wiki_word_perplexity": 100.0})
     ppl = {0: 120.0, 1: 130.0, 2: 125.0}
+    control = {0: 110.0, 1: 120.0, 2: 115.0}  # the dense+RFT control, one per seed
     for seed, value in ppl.items():
         vary = {"vary": {"seed": seed}} if seed else {}
         cfg = {**base, "method": "drrqr+ralimp-k1", "ratio": 0.5, **vary}
@@ -43,12 +44,18 @@ def test_render_from_results(tmp_path):
                 "decode_ms_per_token": 2.0, "decode_ms_per_token_dense": 2.5, "decode_speedup": 1.2 + 0.1 * seed,
                 "mlp_rel_error_fit": 0.3})
         _write(root, f"e{seed}", "evaluate", {**cfg, "rft": True}, {"wiki_word_perplexity": value})
+        _write(root, f"c{seed}", "evaluate", {**base, "method": "dense", "ratio": 0.0, "rft": True, **vary},
+               {"wiki_word_perplexity": control[seed]})
     paths = render("joint_compression", "tiny", results_root=root, out_root=tmp_path / "out",
                    figures_root=tmp_path / "fig")
     md = (tmp_path / "out" / "tiny" / "joint_compression.md").read_text()
     row = next(line for line in md.splitlines() if "| gated_deltanet | drrqr+ralimp-k1 | 0.5 |" in line)
     assert "| 80.0% | 50.0% | 90.0% | 2.00 (2.50) |" in row
     assert mean_ci(list(ppl.values())).format(4) in row and mean_ci([1.2, 1.3, 1.4]).format(4) in row
+    # recovery read against the control of the same seed: 120/110, 130/120, 125/115, minus 1, in %
+    assert row.endswith(f"| {mean_ci([100 * (ppl[s] / control[s] - 1) for s in ppl]).format(4)} |")
+    assert f"| gated_deltanet | dense+RFT | 0 | 100% | 100% | 100% | -- | -- | -- | " \
+           f"{mean_ci(list(control.values())).format(4)} | -- |" in md
     assert "| gated_deltanet | dense | 0 |" in md and "100 (n=1)" in md
     assert "gated_deltanet-drrqr+ralimp-k2-r50" in md.split("Cells without a post-RFT result:")[1]
     assert {p.suffix for p in paths} == {".md", ".png", ".pdf"} and all(p.exists() for p in paths)
