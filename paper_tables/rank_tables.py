@@ -214,7 +214,7 @@ def layout_table5(r: RankResults):
                       [pearson(base_u, base_u)] if dense else [], [x["dense"]["states"] for _, x in dense])]
         if r.control:  # the dense model after the same RFT, at full width, on the baseline's windows
             sels = [x["selection"] for _, x in r.replicates(model, CONTROL, True)]
-            summaries.append((CONTROL, True, f"{METHOD_NAMES[CONTROL]} (d_k={sels[0]['kept'] if sels else '?'})",
+            summaries.append((CONTROL, True, f"{METHOD_NAMES[CONTROL]} (d_k={sels[0]['kept'] if sels else d_k})",
                               [x["utilization_summary"] for x in sels], [x["pearson_u"] for x in sels],
                               [x["states"] for x in sels]))
         for method in r.methods:
