@@ -46,6 +46,7 @@ CHANGED_SINCE = {
     ("table20/tiny", "rft"): "rft preset", ("table20/tiny", "eval-post"): "rft preset",  # preset tiny-recovery
     ("table16/tiny", "prune"): "seeds added", ("table16/tiny", "eval-pre"): "seeds added",  # seeds 0, 1, 2
     ("table3/tiny", "prune"): "seeds added", ("table3/tiny", "eval-pre"): "seeds added",  # seeds 0, 1, 2
+    ("table13/tiny", "prune"): "seeds added", ("table13/tiny", "eval-pre"): "seeds added",  # seeds 0, 1, 2
 }
 
 
