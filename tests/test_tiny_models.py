@@ -39,9 +39,9 @@ def unigram_counts(tokenizer):
 
 def test_checkpoints_fit_the_size_budget():
     total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
-    # six text models of ~8.5 MiB and fifteen recall models of ~3 MiB (*_mqar, three pretraining seeds per family, and
-    # the hybrid's qwen3_5_recall seeds; 94.3 MiB in all), with room for two more recall models
-    assert total <= 100 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 100 MiB"
+    # six text models of ~8.5 MiB and eighteen recall models of ~3 MiB (*_mqar, three pretraining seeds per family,
+    # and the recall recipes' seeds of the hybrid and Gated DeltaNet; ~103.6 MiB in all), with room for two more
+    assert total <= 110 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 110 MiB"
 
 
 def test_tokenizer_is_byte_level_bpe_of_about_8k(tokenizer):

@@ -49,6 +49,7 @@ FAMILY = ModelFamily(
     presets={"gdn-1.3b": {"hidden_size": 2048, "num_heads": 16, "head_dim": 128, "expand_v": 1.0,
                           "num_hidden_layers": 24, "vocab_size": 32000, "hidden_ratio": 4}},
     tiny_checkpoints=("gated_deltanet",),
-    recall_checkpoints=("gated_deltanet_mqar", "gated_deltanet_mqar_s5", "gated_deltanet_mqar_s16"),
+    recall_checkpoints=("gated_deltanet_mqar", "gated_deltanet_mqar_s5", "gated_deltanet_mqar_s16",
+                        "gated_deltanet_recall", "gated_deltanet_recall_s5", "gated_deltanet_recall_s16"),
     decay_init=init_decay_half_life,
 )
