@@ -1,6 +1,7 @@
 # Recall under state reduction (experiments/mqar_recall): the tiny recall models (text + MQAR) pruned at 50% and
 # 75% with every selector, three calibration seeds, scored by the tiny_mqar suite; runs what is missing, then renders
-# the figures (per family and per model) and their numbers. `make recall-models` (re)trains the recall models (resumable; ~15-20 min each on one free core).
+# the figures (per family and per model) and their numbers. `make recall-models` (re)trains the recall models
+# (resumable; ~15-20 min each on one free core).
 .PHONY: figure-mqar recall-models
 recall-models: setup
 	$(VENV)/bin/state-reduction pretrain $(sort $(wildcard experiments/tiny_models/configs/*_mqar*.yaml experiments/tiny_models/configs/*_recall*.yaml))

@@ -1,5 +1,5 @@
 """Render the recall figure of experiments/mqar_recall from its result JSON: MQAR accuracy against the number of
-key-value pairs, dense / 50% / 75% key reduction, one panel per (model, selector).
+key-value pairs, dense / 50% / 75% key reduction, one panel per (family or model, selector).
 
 `state-reduction render figure_mqar [--profile tiny]` writes figures/<profile>/figure_mqar.png/.pdf (one row per
 family, its pretraining seeds pooled), figures/<profile>/figure_mqar_models.png/.pdf (one row per model) and
@@ -24,6 +24,7 @@ from paper_tables import writers
 from paper_tables.figures import save_figure
 from state_reduction.evaluation.mqar import CELL_PAIRS, cell_name
 from state_reduction.pipeline import collect, load_experiment, profile_spec
+from state_reduction.stats import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,12 +32,6 @@ EXPERIMENT = "mqar_recall"
 METHOD_NAMES = {"rand": "Rand", "l1": "L1", "wanda": "S-Wanda", "grad": "Grad", "drrqr": "DRRQR"}
 DISCRIMINATES = 0.10  # the issue's bar: a selector that loses >= 10 points at 75% on some cell
 PRETRAINING_SEED = re.compile(r"^(?P<family>.+) \(pretraining seed \d+\)$")
-
-
-def _t95(n: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, n - 1))
 
 
 def family_name(stands_for: str) -> str:
@@ -72,8 +67,7 @@ def summary(values: list[float], ses: list[float], unit: str = "calibration seed
         if ses is None or ses[0] is None:
             return mean, float("nan"), f"one {unit[:-1]}: no interval"
         return mean, ses[0], "1 SE over queries (one result)"
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, _t95(n) * sd / math.sqrt(n), f"95% t-CI over {n} {unit}"
+    return mean, mean_ci(values).half_width, f"95% t-CI over {n} {unit}"
 
 
 def pool_families(acc, se, models):

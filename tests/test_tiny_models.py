@@ -40,7 +40,7 @@ def unigram_counts(tokenizer):
 def test_checkpoints_fit_the_size_budget():
     total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
     # six text models of ~8.5 MiB and eighteen recall models of ~3 MiB (*_mqar, three pretraining seeds per family,
-    # and the recall recipes' seeds of the hybrid and Gated DeltaNet; ~103.6 MiB in all), with room for two more
+    # and the recall recipes' seeds of the hybrid and Gated DeltaNet; ~103.3 MiB in all), with room for two more
     assert total <= 110 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 110 MiB"
 
 

@@ -38,7 +38,8 @@ def test_pool_families_averages_calibration_seeds_then_pools_models():
 
 def test_summary_states_its_interval():
     mean, half, what = fm.summary([0.4, 0.9], [None, 0.01], "pretraining seeds")
-    assert mean == pytest.approx(0.65) and half == pytest.approx(fm._t95(2) * math.sqrt(0.125) / math.sqrt(2))
+    # t(0.975, df=1) = 12.706; the sample sd of (0.4, 0.9) is sqrt(0.125)
+    assert mean == pytest.approx(0.65) and half == pytest.approx(12.7062047 * math.sqrt(0.125) / math.sqrt(2))
     assert what == "95% t-CI over 2 pretraining seeds"
     assert fm.summary([0.5], [0.02]) == (0.5, 0.02, "1 SE over queries (one result)")
     mean, half, what = fm.summary([0.4], [None], "pretraining seeds")
