@@ -74,7 +74,8 @@ FAMILY = ModelFamily(
         "the public config.json of mistralai/Mamba-Codestral-7B-v0.1, which transformers 5.24's Mamba2Config "
         "defaults reproduce field for field (installed package; the hub is not reachable here)"),),
     tiny_checkpoints=("mamba2",),
-    recall_checkpoints=("mamba2_mqar", "mamba2_mqar_s1", "mamba2_mqar_s2"),
+    recall_checkpoints=("mamba2_mqar", "mamba2_mqar_s1", "mamba2_mqar_s2", "mamba2_recall", "mamba2_recall_s1",
+                        "mamba2_recall_s2"),
     decay_init=init_decay_half_life,
     ralimp=False,  # no MLP to linearize
 )
