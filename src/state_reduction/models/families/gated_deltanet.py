@@ -50,6 +50,7 @@ FAMILY = ModelFamily(
                           "num_hidden_layers": 24, "vocab_size": 32000, "hidden_ratio": 4}},
     tiny_checkpoints=("gated_deltanet",),
     recall_checkpoints=("gated_deltanet_mqar", "gated_deltanet_mqar_s5", "gated_deltanet_mqar_s16",
-                        "gated_deltanet_recall", "gated_deltanet_recall_s5", "gated_deltanet_recall_s16"),
+                        "gated_deltanet_recall", "gated_deltanet_recall_s5", "gated_deltanet_recall_s16",
+                        "gated_deltanet_lr1e3", "gated_deltanet_lr1e3_s1", "gated_deltanet_lr1e3_s2"),
     decay_init=init_decay_half_life,
 )
