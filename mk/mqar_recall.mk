@@ -4,7 +4,8 @@
 # (resumable; ~15-20 min each on one free core).
 .PHONY: figure-mqar recall-models
 recall-models: setup
-	$(VENV)/bin/state-reduction pretrain $(sort $(wildcard experiments/tiny_models/configs/*_mqar*.yaml experiments/tiny_models/configs/*_recall*.yaml))
+	$(VENV)/bin/state-reduction pretrain $(sort $(wildcard experiments/tiny_models/configs/*_mqar*.yaml experiments/tiny_models/configs/*_recall*.yaml \
+	  experiments/tiny_models/configs/*_lr1e3*.yaml))
 
 # figure_mqar (the generic figure rule) runs both tables of the experiment (figure_mqar, mqar_seeds), then renders
 figure-mqar: figure_mqar
