@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -129,7 +130,8 @@ def _panels(plt, groups, methods, ratios, acc, se, unit, members=None):
                 if ratio == max(ratios):
                     drop, where = max((dense[c][0] - row[c][0], c) for c in row)
                     verdict_rows.append((group, method, drop, where, dense[where], row[where]))
-            ax.set_title(f"{group}: {METHOD_NAMES.get(method, method)}", fontsize=9)
+            # wrapped: a long model name (e.g. a recipe with its pretraining seed) would run into the next panel's
+            ax.set_title(textwrap.fill(f"{group}: {METHOD_NAMES.get(method, method)}", 34), fontsize=9)
             ax.set_ylim(0, 105)
             ax.grid(alpha=0.3)
             if i == len(groups) - 1:
