@@ -3,9 +3,9 @@
 # the figures (per family and per model) and their numbers. `make recall-models` (re)trains the recall models
 # (resumable; ~15-20 min each on one free core).
 .PHONY: figure-mqar recall-models
+# A recall model is a pretraining config with an `mqar:` section, whatever its recipe's name.
 recall-models: setup
-	$(VENV)/bin/state-reduction pretrain $(sort $(wildcard experiments/tiny_models/configs/*_mqar*.yaml experiments/tiny_models/configs/*_recall*.yaml \
-	  experiments/tiny_models/configs/*_lr1e3*.yaml))
+	$(VENV)/bin/state-reduction pretrain $(sort $(shell grep -l '^mqar:' experiments/tiny_models/configs/*.yaml))
 
 # figure_mqar (the generic figure rule) runs both tables of the experiment (figure_mqar, mqar_seeds), then renders
 figure-mqar: figure_mqar
