@@ -85,7 +85,7 @@ def comparison(t: Table, metrics) -> str:
     heads = [_plain(m.label).split(" ↑")[0] for m in metrics]
     lines = [f"# {t.table}: ours ({t.profile} profile) vs the paper", "",
              "Paper values are the published ones (paper_tables/reference_data), in percent."]
-    if t.profile == "tiny":
+    if t.suite == "tiny_longctx":
         lines.append("Tiny profile: ~2M-parameter stand-ins trained at 256 tokens, on synthetic retrieval in held-out "
                      "text scored as a 4-way choice (chance 25%); 256 stands for the paper's 2K (the training length), "
                      "512 for 4K. RULER = mean of passkey and key-value retrieval, NIAH = passkey. Compare orderings, "
@@ -101,22 +101,28 @@ def comparison(t: Table, metrics) -> str:
         for m in metrics:
             cells += [_fmt(t.get(model, row["method"], row["ratio"], True, m)), _fmt(row.get(m.paper_key or m.id))]
         rows.append(cells)
+    if not rows:
+        lines.append(f"No published row of {t.table} is on a model this profile stands in for: nothing to compare "
+                     "(a tiny-only table's paper values are in its claims' `paper` fields).")
+        return "\n".join(lines)
     return "\n".join(lines + ["", writers.markdown(header, rows)])
 
 
-def plot(t: Table, metrics, stem: Path) -> list[Path]:
+def plot(t: Table, metrics, stem: Path, bars: bool = False) -> list[Path]:
     """Retrieval accuracy vs compression per method (one panel per column), the dense baseline dashed and
-    chance (25%, tiny suite) dotted; Table 4: bars, baseline vs reduced, per model."""
+    chance (25%, tiny_longctx suite) dotted; `bars` (Table 4's layout): bars, baseline vs reduced, per model."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.3 * len(metrics), 3.2), squeeze=False)
+    width_per_panel = max(3.3, 0.45 * len(t.models)) if bars else 3.3  # room for every model's bars and its name
+    fig, axes = plt.subplots(1, len(metrics), figsize=(width_per_panel * len(metrics), 3.2 + 0.6 * bars),
+                             squeeze=False)
     for ax, m in zip(axes[0], metrics):
         for j, model in enumerate(t.models):
             base = t.get(model, "baseline", 0.0, True, m)
-            if t.table == "table4":
+            if bars:
                 bars = _table4_order(t)
                 width = 0.8 / len(bars)
                 for i, (meth, ratio) in enumerate(bars):
@@ -140,17 +146,18 @@ def plot(t: Table, metrics, stem: Path) -> list[Path]:
             control = t.get(model, CONTROL, 0.0, True, m) if t.control else None
             if control is not None:
                 ax.axhline(control, color="tab:gray", ls="-.", lw=1, label=METHOD_NAMES[CONTROL])
-        if t.table == "table4":
-            ax.set_xticks(range(len(t.models)), t.models, fontsize=7)
+        if bars:
+            ax.set_xticks(range(len(t.models)), t.models, fontsize=7,
+                          rotation=45 if len(t.models) > 3 else 0, ha="right" if len(t.models) > 3 else "center")
         else:
             ax.set_xlabel("key channels removed (%)")
             ax.legend(fontsize=7)
         ax.set_ylim(0, 100)  # percent: a one-point change looks like one
-        if t.profile == "tiny" and m.table is None:  # chance of the 4-way choice (MQAR's is 1/16)
+        if t.suite == "tiny_longctx" and m.table is None:  # chance of the 4-way choice (MQAR's is 1/16)
             ax.axhline(25.0, color="tab:red", ls=":", lw=1)
         ax.set_title(_plain(m.label) + (f" ({m.table})" if m.table else ""), fontsize=9)
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite), after RFT", fontsize=10)
-    if t.table == "table4":  # one legend for all panels, below them: bars reach 100% and a legend would hide them
+    if bars:  # one legend for all panels, below them: bars reach 100% and a legend would hide them
         handles, labels = axes[0][0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="lower center", ncol=max(1, len(labels)), fontsize=8)
         fig.tight_layout(rect=(0, 0.08, 1, 1))
@@ -172,7 +179,8 @@ def render(table: str, profile: str = "tiny", experiment: str | None = None, res
             md += "\n" + caption + "\n"
             tex += "% " + caption + "\n"
     written = write_outputs(table, profile, out_root, tex, md, comparison(t, metrics))
-    written["figures"] = plot(t, metrics, (figures_root or ROOT / "figures") / profile / table)
+    written["figures"] = plot(t, metrics, (figures_root or ROOT / "figures") / profile / table,
+                              bars=layout["layout"] == "table4")
     if not quiet:
         report(written, md, t.missing)
     written["missing"] = t.missing

@@ -348,3 +348,48 @@ def test_training_record_rows_read_the_committed_records_of_the_tiny_profile_onl
     assert rows[0]["kind"] == "pretrain" and rows[0]["config.seed"] == 0
     assert not any(k.startswith(("provenance", "data")) for k in rows[0])
     assert claims.claim_rows("paper", "toy") == []
+
+
+def test_group_by_takes_one_sample_per_model_and_pairs_the_sides_on_it(experiment, tmp_path):
+    """group_by: model: each pretraining seed's mean over its calibration seeds is one sample (n = models, not rows),
+    the two sides pair on the model; the evidence re-derives the same verdict; bad uses name the claim."""
+    declare, _, exp_dir = experiment
+    root = tmp_path / "grouped"
+    # three models (pretraining seeds) with dense recall 0.95 / 0.99 / 0.90, pruned cells 3 calibration seeds each
+    pruned = {"m0": [0.50, 0.52, 0.54], "m1": [0.60, 0.58, 0.62], "m2": [0.40, 0.45, 0.35]}
+    dense = {"m0": 0.95, "m1": 0.99, "m2": 0.90}
+    for model, values in pruned.items():
+        for seed, v in enumerate(values):
+            write_result(root / "tiny" / "toy" / f"{model}-{seed}.json",
+                         build_result("evaluate", profile="tiny", experiment="toy",
+                                      config={"model": model, "method": "drrqr", "vary": {"seed": seed}},
+                                      metrics={"acc": v}, model=None, data={}, seeds={}, wall_time_s=0.0))
+        write_result(root / "tiny" / "toy" / f"{model}-dense.json",
+                     build_result("evaluate", profile="tiny", experiment="toy",
+                                  config={"model": model, "method": "baseline"},
+                                  metrics={"acc": dense[model]}, model=None, data={}, seeds={}, wall_time_s=0.0))
+    side = (lambda m: {"kind": "evaluate", "where": {"model": ["m0", "m1", "m2"], "method": m}, "metric": "acc"})
+    declare({"id": "falls", "text": "t", "lhs": side("drrqr"), "op": "<", "rhs": side("baseline"), "group_by": "model"})
+    (v,) = claims.evaluate_claims("toy", "tiny", root)
+    assert v.lhs.n == 3 and v.diff.n == 3  # three models, not nine rows
+    assert v.lhs.mean == pytest.approx((0.52 + 0.60 + 0.40) / 3)
+    assert v.diff.mean == pytest.approx((0.52 - 0.95 + 0.60 - 0.99 + 0.40 - 0.90) / 3)
+    assert v.status == HOLDS
+    assert sorted(k for k, _ in v.samples["lhs"]) == ["m0", "m1", "m2"]
+    assert dict(v.samples["rhs"]) == dense
+    claims.write_verdicts("toy", "tiny", root)
+    (again,) = claims.verdicts_from_evidence("toy", "tiny")
+    assert again.status == v.status and again.diff.mean == pytest.approx(v.diff.mean)
+    assert claims.check_readme("toy", "tiny") == []
+    # a model missing on one side: the pairs are the models on both
+    declare({"id": "falls", "text": "t", "lhs": {**side("drrqr"), "where": {"model": ["m0", "m1"], "method": "drrqr"}},
+             "op": "<", "rhs": side("baseline"), "group_by": "model"})
+    (two,) = claims.evaluate_claims("toy", "tiny", root)
+    assert two.diff.n == 2
+    for bad, match in (({"group_by": ["model"]}, "group_by must be one field name"),
+                       ({"group_by": "model", "pair_by": "seed"}, "cannot pair them on another field"),
+                       ({"group_by": "model", "rhs_fixed": True}, "rhs_fixed and over"),
+                       ({"group_by": "pretraining"}, "no result has the field 'pretraining'")):
+        declare({"id": "bad", "text": "t", "lhs": side("drrqr"), "op": "<", "rhs": side("baseline"), **bad})
+        with pytest.raises(ClaimError, match=f"claim 'bad'.*{match}"):
+            claims.evaluate_claims("toy", "tiny", root)

@@ -101,3 +101,22 @@ def test_seeds_and_control_give_mean_and_interval(results, tmp_path):
     assert rows["DRRQR 50%"][:2] == ["**30.0 ± 12.4**", "**20.0 ± 12.4**"]  # Grad 50% is a hole
     assert rows["DRRQR 20%"][:2] == ["55.0", "**45.0**"]  # one seed: no interval
     assert "gated_deltanet-dense-r0-seed_1-eval-post" not in out["missing"]
+
+
+def test_recall_table4_seeds_has_every_pretraining_seed_of_every_family(tmp_path):
+    """The tiny-only table of Table 4's recall cell on 4 families x 3 pretraining seeds: Table 4's rows per model,
+    its MQAR columns, a bar per configuration and model, and no paper row to compare with (said, not left empty)."""
+    from table_fixtures import write_fixtures
+
+    root = tmp_path / "results"
+    assert write_fixtures(root, tables=["recall_table4_seeds"], profiles=["tiny"]) > 100
+    out = render("recall_table4_seeds", root, tmp_path)
+    rows = md_rows(out["md"])
+    assert len(rows) == 12 * 3 and [r[1] for r in rows[:3]] == ["Baseline", "Dense+RFT", "DRRQR"]
+    models = [r[0] for r in rows if r[0]]
+    assert len(models) == 12 and models[0].startswith("tiny deltanet_mqar") and models[-1].startswith("tiny qwen3_5_recall_s2")
+    assert "MQAR 32/8" in out["md"].read_text().splitlines()[0]
+    assert any("±" in c for r in rows for c in r[2:])  # 3 calibration/RFT seeds per reduced cell
+    assert "nothing to compare" in out["vs_paper"].read_text()
+    png, pdf = out["figures"]
+    assert png.stat().st_size > 5000 and pdf.read_bytes()[:4] == b"%PDF"
