@@ -183,6 +183,8 @@ class Claim:
         """What the evidence file records of the claim, to detect a claim edited after its evidence was written."""
         d = asdict(self)
         d.pop("source")
+        if d["group_by"] is None:  # the evidence written before group_by existed stays byte for byte as it was
+            d.pop("group_by")
         return json.loads(json.dumps(d, default=str))
 
 
