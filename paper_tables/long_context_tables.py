@@ -133,25 +133,31 @@ def plot(t: Table, metrics, stem: Path, bars: bool = False) -> list[Path]:
                                color=BAR_COLOURS.get(meth, "tab:green"),
                                label=_configuration(meth, ratio) if j == 0 else None)
                 continue
+            multi = len(t.models) > 1  # several models (pretraining seeds): a colour per model, a line style per method
             for k, method in enumerate(t.methods):  # error bars: the 95% t-interval over seeds (none for one)
                 pts = [(r * 100, t.get(model, method, r, True, m), t.half_width(model, method, r, True, m) or 0.0)
                        for r in sorted(t.ratios)]
                 pts = [(0.0, base, 0.0)] * (base is not None) + [p for p in pts if p[1] is not None]
                 if pts:
                     xs, ys, hws = zip(*pts)
-                    ax.errorbar(xs, ys, yerr=hws, marker="o", capsize=2, label=METHOD_NAMES[method],
-                                color=plt.get_cmap("tab10")(k))
+                    ax.errorbar(xs, ys, yerr=hws, marker="o", capsize=2,
+                                label=f"{model}: {METHOD_NAMES[method]}" if multi else METHOD_NAMES[method],
+                                color=plt.get_cmap("tab10")(j if multi else k),
+                                ls=("-", "--", ":")[k % 3] if multi else "-")
             if base is not None:
-                ax.axhline(base, color="k", ls="--", lw=1, label="Baseline")
+                ax.axhline(base, color=plt.get_cmap("tab10")(j) if multi else "k", ls="--", lw=1,
+                           label=("Baseline (model's colour)" if multi else "Baseline") if j == 0 else None)
             control = t.get(model, CONTROL, 0.0, True, m) if t.control else None
             if control is not None:
-                ax.axhline(control, color="tab:gray", ls="-.", lw=1, label=METHOD_NAMES[CONTROL])
+                ax.axhline(control, color=plt.get_cmap("tab10")(j) if multi else "tab:gray", ls="-.", lw=1,
+                           label=(f"{METHOD_NAMES[CONTROL]} (model's colour)" if multi else METHOD_NAMES[CONTROL])
+                           if j == 0 else None)
         if bars:
             ax.set_xticks(range(len(t.models)), t.models, fontsize=7,
                           rotation=45 if len(t.models) > 3 else 0, ha="right" if len(t.models) > 3 else "center")
         else:
             ax.set_xlabel("key channels removed (%)")
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=7 if len(t.models) == 1 else 5)
         ax.set_ylim(0, 100)  # percent: a one-point change looks like one
         if t.suite == "tiny_longctx" and m.table is None:  # chance of the 4-way choice (MQAR's is 1/16)
             ax.axhline(25.0, color="tab:red", ls=":", lw=1)
