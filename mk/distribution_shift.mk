@@ -6,3 +6,9 @@
 shift: setup
 	$(RENDER)
 	$(VENV)/bin/state-reduction verdicts distribution_shift --profile $(PROFILE)
+# `make shift-mqar-seeds`: the recall half at 50% on every recurrent family's recall recipe, three pretraining seeds
+# (text vs MQAR calibration, 3 draws each; tiny profile only), then its render and the verdicts.
+.PHONY: shift-mqar-seeds
+shift-mqar-seeds: setup
+	$(VENV)/bin/state-reduction render shift_mqar_seeds --profile tiny --run --workers $(WORKERS)
+	$(VENV)/bin/state-reduction verdicts distribution_shift --profile tiny
