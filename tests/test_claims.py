@@ -381,6 +381,8 @@ def test_group_by_takes_one_sample_per_model_and_pairs_the_sides_on_it(experimen
     (again,) = claims.verdicts_from_evidence("toy", "tiny")
     assert again.status == v.status and again.diff.mean == pytest.approx(v.diff.mean)
     assert claims.check_readme("toy", "tiny") == []
+    readme = (exp_dir / "README.md").read_text()
+    assert "acc < rhs; one sample per model)" in readme and "a claim with group_by has one sample per value" in readme
     # a model missing on one side: the pairs are the models on both
     declare({"id": "falls", "text": "t", "lhs": {**side("drrqr"), "where": {"model": ["m0", "m1"], "method": "drrqr"}},
              "op": "<", "rhs": side("baseline"), "group_by": "model"})

@@ -594,12 +594,15 @@ def _fmt_interval(ci: Interval) -> str:
 def render_block(experiment: str, profile: str, verdicts: list[Verdict]) -> str:
     """The Markdown block for the README: one row per claim, ours (mean ± CI half-width) beside the paper's."""
     counts = {s: sum(v.status == s for v in verdicts) for s in (HOLDS, FAILS, INCONCLUSIVE)}
+    grouped = ("; a claim with group_by has one sample per value of that field (the mean of its rows: a pretraining "
+               "seed averaged over its seeds), paired on it")
     lines = [
         VERDICT_BEGIN,
         f"**Verdicts ({profile} profile)**: {counts[HOLDS]} hold, {counts[FAILS]} do not hold, "
         f"{counts[INCONCLUSIVE]} inconclusive. Means ± half-width of the {round(LEVEL * 100)}% t-interval over the "
         f"samples (n = samples, normally seeds); difference = lhs − rhs"
-        f"{' (paired where a claim pairs by seed)' if any(v.claim.pair_by for v in verdicts) else ''}. "
+        f"{' (paired where a claim pairs by seed)' if any(v.claim.pair_by for v in verdicts) else ''}"
+        f"{grouped if any(v.claim.group_by for v in verdicts) else ''}. "
         f"Evidence: `experiments/{experiment}/verdicts_{profile}.json`.",
         "",
         "| claim | verdict | ours: lhs | ours: rhs | difference (95% CI) | paper |",
@@ -617,7 +620,7 @@ def render_block(experiment: str, profile: str, verdicts: list[Verdict]) -> str:
             rhs_text = f"{f'{c.factor:g} x ' if c.factor != 1 else ''}(rhs - over), over = {c.over.describe()}"
             diff += " (increases over `over`)"
         text = f"{c.text} (`{c.id}`: {c.lhs.metric}{' - over' if c.over is not None else ''} {c.op} {rhs_text}" \
-               f"{f' {c.margin:+g}' if c.margin else ''})"
+               f"{f' {c.margin:+g}' if c.margin else ''}{f'; one sample per {c.group_by}' if c.group_by else ''})"
         lines.append(f"| {text} | {verdict} | {_fmt_interval(v.lhs)} | {rhs} | {diff} | {c.paper} |")
     lines.append(VERDICT_END)
     return "\n".join(lines)
