@@ -383,11 +383,22 @@ def test_group_by_takes_one_sample_per_model_and_pairs_the_sides_on_it(experimen
     assert claims.check_readme("toy", "tiny") == []
     readme = (exp_dir / "README.md").read_text()
     assert "acc < rhs; one sample per model)" in readme and "a claim with group_by has one sample per value" in readme
-    # a model missing on one side: the pairs are the models on both
+    # a side naming two of the three models: the pairs are the models on both sides
     declare({"id": "falls", "text": "t", "lhs": {**side("drrqr"), "where": {"model": ["m0", "m1"], "method": "drrqr"}},
              "op": "<", "rhs": side("baseline"), "group_by": "model"})
     (two,) = claims.evaluate_claims("toy", "tiny", root)
     assert two.diff.n == 2
+    # a model the side names without results (one table of several run here): no verdict on a subset; --keep keeps the
+    # committed evidence, and the summary counts the claim as one without results
+    declare({"id": "falls", "text": "t", "lhs": side("drrqr"), "op": "<", "rhs": side("baseline"), "group_by": "model"})
+    claims.write_verdicts("toy", "tiny", root)
+    for f in (root / "tiny" / "toy").glob("m2-*.json"):
+        f.unlink()
+    with pytest.raises(claims.NoResultError, match="claim 'falls'.* no result for model m2 .of m0, m1, m2."):
+        claims.evaluate_claims("toy", "tiny", root)
+    (kept,) = claims.evaluate_claims("toy", "tiny", root, keep=True)
+    assert kept.diff.n == 3 and kept.diff.mean == pytest.approx(v.diff.mean)
+    assert any("1 of 1 claims have no results here" in ln for ln in claims.render_summary("toy", "tiny", root))
     for bad, match in (({"group_by": ["model"]}, "group_by must be one field name"),
                        ({"group_by": "model", "pair_by": "seed"}, "cannot pair them on another field"),
                        ({"group_by": "model", "rhs_fixed": True}, "rhs_fixed and over"),

@@ -424,6 +424,13 @@ def select_samples(claim: Claim, side: Side, rows: list[dict], label: str) -> li
                f"{_closest(side.metric, metrics) if metrics else ''})"
         raise NoResultError(f"claim {claim.id!r} ({claim.source}) {label}: no result matches "
                          f"kind={side.kind} {side.describe()}{hint}; run the experiment first")
+    wanted = side.where.get(claim.group_by) if claim.group_by else None
+    if isinstance(wanted, list):  # a grouped claim is decided on all the groups it names or not at all
+        missing = [v for v in wanted if v not in {k for k, _ in out}]
+        if missing:
+            raise NoResultError(f"claim {claim.id!r} ({claim.source}) {label}: no result for {claim.group_by} "
+                                f"{', '.join(map(str, missing))} (of {', '.join(map(str, wanted))}); run the "
+                                "experiment first")
     return out
 
 
