@@ -123,13 +123,13 @@ def plot(t: Table, metrics, stem: Path, bars: bool = False) -> list[Path]:
         for j, model in enumerate(t.models):
             base = t.get(model, "baseline", 0.0, True, m)
             if bars:
-                bars = _table4_order(t)
-                width = 0.8 / len(bars)
-                for i, (meth, ratio) in enumerate(bars):
+                order = _table4_order(t)
+                width = 0.8 / len(order)
+                for i, (meth, ratio) in enumerate(order):
                     y = t.get(model, meth, ratio, True, m)
                     if y is not None:
                         hw = t.half_width(model, meth, ratio, True, m)
-                        ax.bar(j + (i - (len(bars) - 1) / 2) * width, y, width, yerr=hw, capsize=2,
+                        ax.bar(j + (i - (len(order) - 1) / 2) * width, y, width, yerr=hw, capsize=2,
                                color=BAR_COLOURS.get(meth, "tab:green"),
                                label=_configuration(meth, ratio) if j == 0 else None)
                 continue
