@@ -119,6 +119,7 @@ def plot(t: Table, metrics, stem: Path, bars: bool = False) -> list[Path]:
     width_per_panel = max(3.3, 0.45 * len(t.models)) if bars else 3.3  # room for every model's bars and its name
     fig, axes = plt.subplots(1, len(metrics), figsize=(width_per_panel * len(metrics), 3.2 + 0.6 * bars),
                              squeeze=False)
+    multi = len(t.models) > 1  # several models (pretraining seeds): a colour per model, a line style per method
     for ax, m in zip(axes[0], metrics):
         for j, model in enumerate(t.models):
             base = t.get(model, "baseline", 0.0, True, m)
@@ -133,7 +134,6 @@ def plot(t: Table, metrics, stem: Path, bars: bool = False) -> list[Path]:
                                color=BAR_COLOURS.get(meth, "tab:green"),
                                label=_configuration(meth, ratio) if j == 0 else None)
                 continue
-            multi = len(t.models) > 1  # several models (pretraining seeds): a colour per model, a line style per method
             for k, method in enumerate(t.methods):  # error bars: the 95% t-interval over seeds (none for one)
                 pts = [(r * 100, t.get(model, method, r, True, m), t.half_width(model, method, r, True, m) or 0.0)
                        for r in sorted(t.ratios)]
@@ -157,7 +157,7 @@ def plot(t: Table, metrics, stem: Path, bars: bool = False) -> list[Path]:
                           rotation=45 if len(t.models) > 3 else 0, ha="right" if len(t.models) > 3 else "center")
         else:
             ax.set_xlabel("key channels removed (%)")
-            ax.legend(fontsize=7 if len(t.models) == 1 else 5)
+            ax.legend(fontsize=5 if multi else 7)
         ax.set_ylim(0, 100)  # percent: a one-point change looks like one
         if t.suite == "tiny_longctx" and m.table is None:  # chance of the 4-way choice (MQAR's is 1/16)
             ax.axhline(25.0, color="tab:red", ls=":", lw=1)

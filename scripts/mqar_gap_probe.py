@@ -27,6 +27,7 @@ from state_reduction.backend import install_cpu_backend
 from state_reduction.data.mqar import mqar_sequences
 from state_reduction.evaluation.mqar import MIN_QUERIES, mqar_accuracy
 from state_reduction.evaluation.run import load_causal_lm
+from state_reduction.pipeline import load_experiment
 from state_reduction.pruning.prune import PruneConfig, prune
 from state_reduction.results import build_result, write_result
 
@@ -65,11 +66,14 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     install_cpu_backend()
     t0 = time.time()
+    # calibrated as the sweep of experiments/mqar_recall calibrates the recall models (its tiny profile's prune settings)
+    sweep = load_experiment("mqar_recall")["profiles"]["tiny"]["prune"]
+    calibration = {k: sweep[k] for k in ("calib", "n_calib", "seq_len")}
     grids = {"dense": accuracy_grid(load_causal_lm(args.model)[0], args.pairs, args.gaps, args.queries)}
     with tempfile.TemporaryDirectory() as tmp:
         for method in args.methods:
             out = Path(tmp) / method
-            prune(PruneConfig(model=args.model, method=method, ratio=args.ratio, out=str(out), n_calib=64, seq_len=32,
+            prune(PruneConfig(model=args.model, method=method, ratio=args.ratio, out=str(out), **calibration,
                               seed=args.seed))
             grids[method] = accuracy_grid(load_causal_lm(str(out))[0], args.pairs, args.gaps, args.queries)
     cells = list(grids["dense"])

@@ -179,6 +179,11 @@ class Claim:
                    relative=bool(raw.get("relative", False)), margin=float(margin), profile=raw.get("profile"),
                    rhs_fixed=bool(raw.get("rhs_fixed", False)), over=over, factor=float(factor), source=source)
 
+    @property
+    def pair_field(self) -> str | None:
+        """The field the two sides pair on: group_by's groups, else pair_by."""
+        return self.group_by or self.pair_by
+
     def definition(self) -> dict:
         """What the evidence file records of the claim, to detect a claim edited after its evidence was written."""
         d = asdict(self)
@@ -384,7 +389,7 @@ def _where(row: dict, name: str, wanted) -> bool:
 def select_samples(claim: Claim, side: Side, rows: list[dict], label: str) -> list[tuple[object, float]]:
     """(pairing key, metric value) of each row the side selects; a ClaimError names what is missing."""
     all_fields = {k for r in rows for k in r} | {k.rsplit(".", 1)[-1] for r in rows for k in r}
-    for name in list(side.where) + [f for f in (claim.pair_by, claim.group_by) if f]:
+    for name in list(side.where) + ([claim.pair_field] if claim.pair_field else []):
         if rows and name not in all_fields:
             raise ClaimError(f"claim {claim.id!r} ({claim.source}) {label}: no result has the field {name!r}"
                              f"{_closest(name, all_fields)}")
@@ -399,19 +404,15 @@ def select_samples(claim: Claim, side: Side, rows: list[dict], label: str) -> li
         value = row[side.metric]
         if value is None:
             raise ClaimError(f"claim {claim.id!r} ({claim.source}) {label}: {side.metric} is null in {row['_file']}")
-        if claim.group_by:
+        key = row["_file"]
+        if claim.pair_field:
             try:
-                key = _field(row, claim.group_by)
+                key = _field(row, claim.pair_field)
             except KeyError:
-                raise ClaimError(f"claim {claim.id!r} ({claim.source}) {label}: group_by {claim.group_by!r}, but "
-                                 f"{row['_file']} has no such field") from None
-        elif claim.pair_by:
-            try:
-                key = _field(row, claim.pair_by)
-            except KeyError:
+                if claim.group_by:
+                    raise ClaimError(f"claim {claim.id!r} ({claim.source}) {label}: group_by {claim.group_by!r}, "
+                                     f"but {row['_file']} has no such field") from None
                 key = DEFAULT_PAIR
-        else:
-            key = row["_file"]
         out.append((key, float(value)))
     if out and claim.group_by:
         groups: dict = {}
@@ -426,7 +427,8 @@ def select_samples(claim: Claim, side: Side, rows: list[dict], label: str) -> li
                          f"kind={side.kind} {side.describe()}{hint}; run the experiment first")
     wanted = side.where.get(claim.group_by) if claim.group_by else None
     if isinstance(wanted, list):  # a grouped claim is decided on all the groups it names or not at all
-        missing = [v for v in wanted if v not in {k for k, _ in out}]
+        present = {k for k, _ in out}
+        missing = [v for v in wanted if v not in present]
         if missing:
             raise NoResultError(f"claim {claim.id!r} ({claim.source}) {label}: no result for {claim.group_by} "
                                 f"{', '.join(map(str, missing))} (of {', '.join(map(str, wanted))}); run the "
@@ -460,11 +462,11 @@ def decide(claim: Claim, lhs: list[tuple[object, float]], rhs: list[tuple[object
         scale = abs(rhs_ci.mean) if claim.relative else 1.0
         if claim.relative and scale == 0:
             raise ClaimError(f"claim {claim.id!r}: relative comparison to a zero mean")
-        pair_by = claim.group_by or claim.pair_by
+        pair_by = claim.pair_field
         if pair_by:
             left, right = dict(lhs), dict(rhs)
             if len(left) != len(lhs) or len(right) != len(rhs):
-                raise ClaimError(f"claim {claim.id!r} ({claim.source}): pair_by {claim.pair_by!r} is not unique "
+                raise ClaimError(f"claim {claim.id!r} ({claim.source}): pair_by {pair_by!r} is not unique "
                                  "within a side (several results share a value)")
             keys = sorted(set(left) & set(right), key=str)
             if not keys:
