@@ -12,3 +12,9 @@ shift: setup
 shift-mqar-seeds: setup
 	$(VENV)/bin/state-reduction render shift_mqar_seeds --profile tiny --run --workers $(WORKERS)
 	$(VENV)/bin/state-reduction verdicts distribution_shift --profile tiny
+# `make shift-mqar-mamba2-confirm`: the same on the Mamba-2 recall recipe's five new pretraining seeds (3-7, the
+# confirmation set of its claims; tiny profile only), then its render and the verdicts.
+.PHONY: shift-mqar-mamba2-confirm
+shift-mqar-mamba2-confirm: setup
+	$(VENV)/bin/state-reduction render shift_mqar_mamba2_confirm --profile tiny --run --workers $(WORKERS)
+	$(VENV)/bin/state-reduction verdicts distribution_shift --profile tiny

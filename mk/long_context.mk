@@ -12,3 +12,8 @@ recall-table4-seeds: setup
 .PHONY: recall-table11-seeds
 recall-table11-seeds: setup
 	$(VENV)/bin/state-reduction render recall_table11_seeds --profile tiny --run --workers $(WORKERS)
+# `make recall-table4-mamba2-confirm`: Table 4's recall cell on the Mamba-2 recall recipe's five new pretraining seeds
+# (3-7, the confirmation set of the Mamba-2 claims), three calibration/RFT seeds each (tiny profile only), its render.
+.PHONY: recall-table4-mamba2-confirm
+recall-table4-mamba2-confirm: setup
+	$(VENV)/bin/state-reduction render recall_table4_mamba2_confirm --profile tiny --run --workers $(WORKERS)

@@ -9,3 +9,9 @@ recall-models: setup
 
 # figure_mqar (the generic figure rule) runs both tables of the experiment (figure_mqar, mqar_seeds), then renders
 figure-mqar: figure_mqar
+# `make mqar-mamba2-confirm`: DRRQR and Rand at 50/75% on the Mamba-2 recall recipe's five new pretraining seeds (3-7,
+# the confirmation set of its claims), three calibration seeds each (tiny profile only), then the verdicts.
+.PHONY: mqar-mamba2-confirm
+mqar-mamba2-confirm: setup
+	$(VENV)/bin/state-reduction run-table mqar_mamba2_confirm --profile tiny --workers $(WORKERS)
+	$(VENV)/bin/state-reduction verdicts mqar_recall --profile tiny

@@ -2,7 +2,8 @@
 # Grad x 4 tiny families x 50/75% x 3 calibration seeds, pre-RFT, tiny_wiki), then renders its table and the
 # increase-by-selector figure. `make selector-benchmark-all` does the same for the whole benchmark: every selector
 # pre- and post-RFT with the dense+RFT control (selector_benchmark), GHOST on the three families with a decay
-# (selector_benchmark_ghost), every selector's recall on the recall models (selector_recall, selector_recall_ghost), the
+# (selector_benchmark_ghost), every selector's recall on the recall models (selector_recall, selector_recall_ghost; on three pretraining seeds
+# per recurrent family: selector_recall_seeds(_ghost)), the
 # same pruned and post-RFT models on the second held-out corpus (selector_benchmark_books, selector_benchmark_ghost_books),
 # then the verdicts, and the selection cost of every selector and family (`bench selectors`, only when its result file
 # is missing).
@@ -15,8 +16,18 @@ selector-benchmark-all: setup
 	$(VENV)/bin/state-reduction render selector_benchmark_ghost --profile $(PROFILE) --run --workers 2
 	$(VENV)/bin/state-reduction render selector_recall --profile $(PROFILE) --run --workers 2
 	$(VENV)/bin/state-reduction render selector_recall_ghost --profile $(PROFILE) --run --workers 2
+	$(VENV)/bin/state-reduction render selector_recall_seeds --profile $(PROFILE) --run --workers 2
+	$(VENV)/bin/state-reduction render selector_recall_seeds_ghost --profile $(PROFILE) --run --workers 2
 	$(VENV)/bin/state-reduction render selector_benchmark_books --profile $(PROFILE) --run --workers 2
 	$(VENV)/bin/state-reduction render selector_benchmark_ghost_books --profile $(PROFILE) --run --workers 2
 	test -f $(SELECTOR_COST) || $(VENV)/bin/state-reduction bench selectors --profile $(PROFILE) --out $(SELECTOR_COST) \
 		--markdown paper_tables/out/$(PROFILE)/selector_cost.md
 	$(VENV)/bin/state-reduction verdicts selector_benchmark --profile $(PROFILE)
+# `make selector-recall-seeds`: every selector's recall on each recurrent family's recall recipe, three pretraining seeds
+# x three calibration seeds (selector_recall_seeds, and GHOST on the two with a decay; tiny profile only), then the
+# verdicts.
+.PHONY: selector-recall-seeds
+selector-recall-seeds: setup
+	$(VENV)/bin/state-reduction render selector_recall_seeds --profile tiny --run --workers $(WORKERS)
+	$(VENV)/bin/state-reduction render selector_recall_seeds_ghost --profile tiny --run --workers $(WORKERS)
+	$(VENV)/bin/state-reduction verdicts selector_benchmark --profile tiny

@@ -39,10 +39,10 @@ def unigram_counts(tokenizer):
 
 def test_checkpoints_fit_the_size_budget():
     total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
-    # six text models of ~8.5 MiB and twenty-four recall models of ~3 MiB (*_mqar, three pretraining seeds per family,
-    # and the recall recipes' seeds of the hybrid, Mamba-2 and Gated DeltaNet (two); ~120.5 MiB in all), with room for
-    # three more
-    assert total <= 130 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 130 MiB"
+    # six text models of ~8.5 MiB and twenty-nine recall models of ~3 MiB (*_mqar, three pretraining seeds per family,
+    # the recall recipes' seeds of the hybrid, Gated DeltaNet (two) and Mamba-2, whose recipe has five more seeds as
+    # a confirmation set; ~134.5 MiB in all), with room for three more
+    assert total <= 144 * 2**20, f"checkpoints take {total / 2**20:.1f} MiB > 144 MiB"
 
 
 def test_tokenizer_is_byte_level_bpe_of_about_8k(tokenizer):

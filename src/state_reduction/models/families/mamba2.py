@@ -75,7 +75,8 @@ FAMILY = ModelFamily(
         "defaults reproduce field for field (installed package; the hub is not reachable here)"),),
     tiny_checkpoints=("mamba2",),
     recall_checkpoints=("mamba2_mqar", "mamba2_mqar_s1", "mamba2_mqar_s2", "mamba2_recall", "mamba2_recall_s1",
-                        "mamba2_recall_s2"),
+                        "mamba2_recall_s2", "mamba2_recall_s3", "mamba2_recall_s4", "mamba2_recall_s5",
+                        "mamba2_recall_s6", "mamba2_recall_s7"),
     decay_init=init_decay_half_life,
     ralimp=False,  # no MLP to linearize
 )
