@@ -25,7 +25,7 @@ import torch
 
 from state_reduction.backend import install_cpu_backend
 from state_reduction.data.mqar import mqar_sequences
-from state_reduction.evaluation.mqar import MIN_QUERIES, mqar_accuracy
+from state_reduction.evaluation.mqar import MIN_QUERIES, mqar_query_hits
 from state_reduction.evaluation.run import load_causal_lm
 from state_reduction.pipeline import load_experiment
 from state_reduction.pruning.prune import PruneConfig, prune
@@ -34,15 +34,20 @@ from state_reduction.results import build_result, write_result
 SEED = 1234  # of the probe's MQAR sequences (not the suite's)
 
 
-def accuracy_grid(model, pairs: list[int], gaps: list[int], queries: int) -> dict[str, float]:
-    """Recall (%) per cell `p{pairs}_gap{gap}`, each on its own seeded set of ceil(queries / pairs) sequences."""
+def accuracy_grid(model, pairs: list[int], gaps: list[int], queries: int, by_query: bool = False) -> dict[str, float]:
+    """Recall (%) per cell `p{pairs}_gap{gap}`, each on its own seeded set of ceil(queries / pairs) sequences; with
+    `by_query`, also per query position `p{pairs}_gap{gap}_q{i}` (i = 1 the first query after the gap, over the
+    cell's sequences)."""
     out = {}
     for p in pairs:
         for g in gaps:
             n = -(-queries // p)
             ids, labels = mqar_sequences(n, 4 * p + g, p, SEED + 1000 * p + g)
-            hit, total = mqar_accuracy(model, ids, labels, batch_size=64)
-            out[f"p{p}_gap{g}"] = 100.0 * hit / total
+            hits = mqar_query_hits(model, ids, labels, batch_size=64)
+            out[f"p{p}_gap{g}"] = 100.0 * int(hits.sum()) / hits.numel()
+            if by_query:  # hits are sequence-major: each sequence's queries in order
+                per_query = hits.view(n, p).sum(0)
+                out.update({f"p{p}_gap{g}_q{i + 1}": 100.0 * int(c) / n for i, c in enumerate(per_query)})
     return out
 
 
@@ -55,6 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", nargs="+", type=int, default=[2, 8])
     ap.add_argument("--gaps", nargs="+", type=int, default=[0, 8, 16, 24])
     ap.add_argument("--queries", type=int, default=MIN_QUERIES)
+    ap.add_argument("--by-query", action="store_true",
+                    help="also recall per query position (q1 = the first query after the gap)")
     ap.add_argument("--out", type=Path, default=None, help="write the grid as a result JSON here")
     args = ap.parse_args(argv)
     if not (Path(args.model) / "config.json").is_file():
@@ -69,13 +76,14 @@ def main(argv=None) -> int:
     # calibrated as the sweep of experiments/mqar_recall calibrates the recall models (its tiny profile's prune settings)
     sweep = load_experiment("mqar_recall")["profiles"]["tiny"]["prune"]
     calibration = {k: sweep[k] for k in ("calib", "n_calib", "seq_len")}
-    grids = {"dense": accuracy_grid(load_causal_lm(args.model)[0], args.pairs, args.gaps, args.queries)}
+    grids = {"dense": accuracy_grid(load_causal_lm(args.model)[0], args.pairs, args.gaps, args.queries, args.by_query)}
     with tempfile.TemporaryDirectory() as tmp:
         for method in args.methods:
             out = Path(tmp) / method
             prune(PruneConfig(model=args.model, method=method, ratio=args.ratio, out=str(out), **calibration,
                               seed=args.seed))
-            grids[method] = accuracy_grid(load_causal_lm(str(out))[0], args.pairs, args.gaps, args.queries)
+            grids[method] = accuracy_grid(load_causal_lm(str(out))[0], args.pairs, args.gaps, args.queries,
+                                          args.by_query)
     cells = list(grids["dense"])
     print(f"| {Path(args.model).name} | " + " | ".join(c.replace("_", " ") for c in cells) + " |")
     print("| --- |" + " ---: |" * len(cells))
@@ -84,7 +92,8 @@ def main(argv=None) -> int:
         print(f"| {label} | " + " | ".join(f"{grid[c]:.1f}" for c in cells) + " |")
     if args.out is not None:
         config = {"model": args.model, "methods": args.methods, "ratio": args.ratio, "calib_seed": args.seed,
-                  "pairs": args.pairs, "gaps": args.gaps, "queries": args.queries, "mqar_seed": SEED}
+                  "pairs": args.pairs, "gaps": args.gaps, "queries": args.queries, "mqar_seed": SEED,
+                  "by_query": args.by_query}
         write_result(args.out, build_result("analyze", profile="tiny", experiment="mqar_recall", config=config,
                                             metrics={f"{m}_{c}": v for m, g in grids.items() for c, v in g.items()},
                                             wall_time_s=time.time() - t0))
