@@ -384,10 +384,22 @@ def _paired_increase(t: Table, model, method, ratio, metric) -> tuple[float, flo
     return ci.mean, ci.half_width
 
 
+MAX_PANELS_PER_ROW = 8  # plot_increase: 4 families x 2 ratios fit one row
+
+
+def panel_rows(panels: list, n_ratios: int, states: list) -> list[tuple]:
+    """plot_increase's rows, [(rft state, [(model, ratio), ...])]: one row per RFT state; over MAX_PANELS_PER_ROW
+    panels (many models) they wrap into rows of whole models (all `n_ratios` ratios each), as many as fit."""
+    per_row = (len(panels) if len(panels) <= MAX_PANELS_PER_ROW
+               else n_ratios * max(1, MAX_PANELS_PER_ROW // n_ratios))
+    return [(rft, panels[i:i + per_row]) for rft in states for i in range(0, len(panels), per_row)]
+
+
 def plot_increase(t: Table, stem: Path) -> list[Path]:
     """The table's first metric (wiki perplexity) minus the dense model's, by selector, one panel per (model, ratio),
     bars with the 95% t-interval over the calibration seeds; a table with post-RFT cells adds a row of panels for
-    them, measured from the dense+RFT control where the table has one."""
+    them, measured from the dense+RFT control where the table has one. Over MAX_PANELS_PER_ROW panels, the panels
+    wrap into rows of whole models."""
     metric = table_spec.render_spec(t.spec, t.table, t.profile, LAYOUTS, t.experiment)["columns"][0]
     import matplotlib
 
@@ -396,10 +408,12 @@ def plot_increase(t: Table, stem: Path) -> list[Path]:
 
     panels = [(m, r) for m in t.models for r in sorted(t.ratios)]
     states = t.rft_states
-    fig, axes = plt.subplots(len(states), len(panels), figsize=(2.6 * len(panels), 3.4 * len(states)), squeeze=False)
-    for row, rft in zip(axes, states):
+    rows = panel_rows(panels, len(t.ratios), states)
+    per_row = max(len(p) for _, p in rows)
+    fig, axes = plt.subplots(len(rows), per_row, figsize=(2.6 * per_row, 3.4 * len(rows)), squeeze=False)
+    for row, (rft, row_panels) in zip(axes, rows):
         ref = reference_method(t, rft)
-        for ax, (model, ratio) in zip(row, panels):
+        for ax, (model, ratio) in zip(row, row_panels):
             base = t.get(model, ref, 0.0, rft and ref == CONTROL, metric)
             bars = []
             for m in t.methods:
@@ -419,8 +433,11 @@ def plot_increase(t: Table, stem: Path) -> list[Path]:
             ax.set_title(f"{model}, {_pct(ratio)}" + ((", post-RFT" if rft else ", pre-RFT") if len(states) > 1 else ""),
                          fontsize=8)
         row[0].set_ylabel(f"{_plain(metric.label)}: change from " + ("dense+RFT" if ref == CONTROL else "dense"))
+    for row, (_, row_panels) in zip(axes, rows):
+        for ax in row[len(row_panels):]:
+            ax.set_visible(False)  # a wrapped row's empty places
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite), mean ± 95% CI over seeds", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (3.4 * len(rows))))  # room for the title
     return save_figure(fig, stem)
 
 

@@ -229,6 +229,16 @@ def test_metric_tasks_follow_the_suites():
     assert metric_tasks("tiny_books", "wiki_word_perplexity") == []
 
 
+def test_increase_panels_wrap_into_rows_of_whole_models_past_eight():
+    four = [(m, r) for m in "abcd" for r in (0.5, 0.75)]
+    # 4 families x 2 ratios: one row per RFT state, as the selector tables have always been drawn
+    assert lm_tables.panel_rows(four, 2, [False, True]) == [(False, four), (True, four)]
+    nine = [(m, r) for m in "abcdefghi" for r in (0.5, 0.75)]
+    rows = lm_tables.panel_rows(nine, 2, [False])
+    assert [len(p) for _, p in rows] == [8, 8, 2] and [p for _, ps in rows for p in ps] == nine
+    assert all(len({m for m, _ in ps}) * 2 == len(ps) for _, ps in rows)  # no model split across rows
+
+
 def test_an_outlier_bar_is_clipped_with_its_value_written():
     import matplotlib
 
