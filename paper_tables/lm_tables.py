@@ -433,7 +433,6 @@ def plot_increase(t: Table, stem: Path) -> list[Path]:
             ax.set_title(f"{model}, {_pct(ratio)}" + ((", post-RFT" if rft else ", pre-RFT") if len(states) > 1 else ""),
                          fontsize=8)
         row[0].set_ylabel(f"{_plain(metric.label)}: change from " + ("dense+RFT" if ref == CONTROL else "dense"))
-    for row, (_, row_panels) in zip(axes, rows):
         for ax in row[len(row_panels):]:
             ax.set_visible(False)  # a wrapped row's empty places
     fig.suptitle(f"{t.table}, {t.profile} profile ({t.suite} suite), mean ± 95% CI over seeds", fontsize=9)
