@@ -31,3 +31,10 @@ selector-recall-seeds: setup
 	$(VENV)/bin/state-reduction render selector_recall_seeds --profile tiny --run --workers $(WORKERS)
 	$(VENV)/bin/state-reduction render selector_recall_seeds_ghost --profile tiny --run --workers $(WORKERS)
 	$(VENV)/bin/state-reduction verdicts selector_benchmark --profile tiny
+# `make selector-bar-rft`: the bar after RFT with the recovery recipe (ours, DRRQR, Grad x 4 families x 2 ratios x 3
+# seeds, their RFT runs and the dense+RFT controls), on wiki and books, then the verdicts (~1.2 h of 2 cores)
+.PHONY: selector-bar-rft
+selector-bar-rft: setup
+	$(VENV)/bin/state-reduction render selector_bar_rft --profile $(PROFILE) --run --workers $(WORKERS)
+	$(VENV)/bin/state-reduction render selector_bar_rft_books --profile $(PROFILE) --run --workers $(WORKERS)
+	$(VENV)/bin/state-reduction verdicts selector_benchmark --profile $(PROFILE)

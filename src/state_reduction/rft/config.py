@@ -189,10 +189,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 # The budget the RFT budget sweep chose for both tiny families by its rule (experiments/rft/README.md): distillation
 # only (the dense model's books ppl moves < 0.3%, so it is a recovery step, not continued pretraining), 96 steps, lr
-# 1e-3; the rest as `tiny`. Every tiny table with post-RFT cells uses it (joint_compression at its own 16 steps)
-# except selector_benchmark's grid (still `tiny`, with the dense+RFT control; experiments/rft/README.md); `tiny`
-# remains the RFT budget sweep's starting recipe (experiments/rft) and the setting of experiments with no post-RFT
-# table.
+# 1e-3; the rest as `tiny`. Every tiny table with post-RFT cells uses it (joint_compression at its own 16 steps;
+# selector_benchmark's grid since 2026-12-07, `tiny` before); `tiny` remains the RFT budget sweep's starting recipe
+# (experiments/rft) and the setting of experiments with no post-RFT table.
 PRESETS["tiny-recovery"] = {**PRESETS["tiny"], "steps": 96, "ce_weight": 0.0, "save_every": 32}
 
 
