@@ -5,8 +5,9 @@
 # (selector_benchmark_ghost), every selector's recall on the recall models (selector_recall, selector_recall_ghost; on three pretraining seeds
 # per recurrent family: selector_recall_seeds(_ghost)), the
 # same pruned and post-RFT models on the second held-out corpus (selector_benchmark_books, selector_benchmark_ghost_books),
-# the post-RFT claims' tables (selector_bar_rft(_books): subsets of the above, nothing more to run), then the verdicts, and the selection cost of every selector and family (`bench selectors`, only when its result file
-# is missing).
+# the post-RFT claims' tables (selector_bar_rft(_books): subsets of the above, nothing more to run), then the
+# verdicts, and the selection cost of every selector and family (`bench selectors`, only when its result file is
+# missing).
 .PHONY: selector-benchmark selector-benchmark-all
 SELECTOR_COST := results/$(PROFILE)/selector_benchmark/selector_cost.json
 selector-benchmark: setup
@@ -34,7 +35,7 @@ selector-recall-seeds: setup
 	$(VENV)/bin/state-reduction render selector_recall_seeds_ghost --profile tiny --run --workers $(WORKERS)
 	$(VENV)/bin/state-reduction verdicts selector_benchmark --profile tiny
 # `make selector-bar-rft`: the bar after RFT with the recovery recipe (ours, DRRQR, Grad x 4 families x 2 ratios x 3
-# seeds, their RFT runs and the dense+RFT controls), on wiki and books, then the verdicts (~1.2 h of 2 cores)
+# seeds, their RFT runs and the dense+RFT controls), on wiki and books, then the verdicts (59:37 on 2 cores from empty)
 .PHONY: selector-bar-rft
 selector-bar-rft: setup
 	$(VENV)/bin/state-reduction render selector_bar_rft --profile $(PROFILE) --run --workers $(WORKERS)
