@@ -30,6 +30,8 @@ METRIC = {"tiny": ("wiki_word_perplexity", "wiki word ppl (tiny_wiki)"),
           "paper": ("wiki_word_perplexity", "WikiText-2 word ppl")}
 # The suites whose tables are recall tables, and the metrics their rows show (MQAR accuracy by number of pairs at the
 # recall models' training length); every other suite's rows show the profile's perplexity METRIC.
+# the recall figure's panels per row (one per recall model; more models wrap onto further rows)
+RECALL_PANELS_PER_ROW = 4
 RECALL_COLUMNS = {"tiny_mqar": tuple(f"{cell_name(p, 32)}_acc" for p in CELL_PAIRS[32])}
 GROUPS = {"state": ("o", "tab:blue"), "mlp": ("s", "tab:orange"), "both": ("D", "tab:red"),
           "baseline": ("v", "tab:gray")}
@@ -233,8 +235,12 @@ def recall_figure(g: dict, rs: list[dict], out_dir: Path) -> list[Path]:
     models = g["recall_models"]
     methods = list(dict.fromkeys(r["method"] for r in rs))
     colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
-    fig, axes = plt.subplots(1, len(models), figsize=(4.4 * len(models), 3.6), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    ncols = min(RECALL_PANELS_PER_ROW, len(models))
+    nrows = -(-len(models) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 3.6 * nrows), squeeze=False)
+    for ax in axes.flat[len(models):]:
+        ax.set_visible(False)
+    for ax, model in zip(axes.flat, models):
         base = g["baseline"].get(model) or {}
         if all(base.get(c) is not None for c in columns):
             ax.plot(pairs, [100 * base[c] for c in columns], color="k", linewidth=2, marker="*", label="dense")
@@ -252,9 +258,11 @@ def recall_figure(g: dict, rs: list[dict], out_dir: Path) -> list[Path]:
         ax.set_xlabel("key-value pairs (32 tokens)", fontsize=7)
         ax.set_title(model, fontsize=8)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("MQAR accuracy (%), before RFT", fontsize=7)
-    if axes[0][-1].get_legend_handles_labels()[0]:
-        axes[0][-1].legend(fontsize=5, loc="lower left")
+    for row in axes:
+        row[0].set_ylabel("MQAR accuracy (%), before RFT", fontsize=7)
+    last = axes.flat[len(models) - 1]
+    if last.get_legend_handles_labels()[0]:
+        last.legend(fontsize=5, loc="lower left")
     fig.tight_layout()
     return save_figure(fig, out_dir / "joint_compression_recall", dpi=130)
 

@@ -406,3 +406,25 @@ def test_group_by_takes_one_sample_per_model_and_pairs_the_sides_on_it(experimen
         declare({"id": "bad", "text": "t", "lhs": side("drrqr"), "op": "<", "rhs": side("baseline"), **bad})
         with pytest.raises(ClaimError, match=f"claim 'bad'.*{match}"):
             claims.evaluate_claims("toy", "tiny", root)
+
+
+def test_stale_results_stop_the_verdicts_and_are_said_in_the_render_summary(experiment, monkeypatch):
+    """A pipeline experiment (one with tables) whose results hold a file its config no longer gives: the verdicts
+    refuse to mix recipes, naming the file and the table to rerun; the render summary says so and still decides.
+    (pipeline.stages.stale_results itself: tests/test_pipeline.py.)"""
+    from state_reduction.pipeline import stages
+
+    declare, root, exp_dir = experiment
+    declare(_claim("drrqr_beats_l1", "drrqr", "<", "l1", pair_by="seed"))
+    assert claims.stale_files("toy", "tiny", root) == []  # no tables: not a pipeline experiment, never judged
+    config = yaml.safe_load((exp_dir / "config.yaml").read_text())
+    (exp_dir / "config.yaml").write_text(yaml.safe_dump({**config, "tables": {"t1": {}}}))
+    found = []
+    monkeypatch.setattr(stages, "stale_results", lambda *a: found)
+    assert claims.evaluate_claims("toy", "tiny", root)[0].status == HOLDS
+    found.append(("drrqr-1", "aaaa", "bbbb", "t1"))
+    with pytest.raises(ClaimError, match=r"1 result file\(s\) .* drrqr-1.json: key aaaa, the config's bbbb.*"
+                                         r"run-table t1 --profile tiny"):
+        claims.evaluate_claims("toy", "tiny", root)
+    lines = claims.render_summary("toy", "tiny", root)
+    assert lines[1].startswith("- STALE RESULTS: claims of 'toy'") and "holds  drrqr_beats_l1" in lines[2]

@@ -133,3 +133,46 @@ def test_rft_key_holds_the_recipes_real_values(monkeypatch):
     edited = rft_jobs()
     assert edited[0][1]["preset_values"]["kd_temperature"] == 3.0
     assert config_key(edited[0][1]) != config_key(jobs[0][1])
+
+
+def _write_plan(config, results, seeds=None):
+    """Results (empty metrics) for every stage the table plans, under the keys the config gives now."""
+    from state_reduction.pipeline.spec import table_evaluate
+    from state_reduction.pipeline.stages import STAGES, Runner, stage_jobs
+    from state_reduction.results import build_result, write_result
+
+    s = load_experiment(config)
+    keys, cells, rft_states = table_cells(s, "table20", "tiny", seeds)
+    runner = Runner(s, "tiny", results, evaluate=table_evaluate(s, "table20", "tiny"))
+    names = []
+    for stage, jobs, _ in stage_jobs(runner, keys, cells, rft_states, STAGES):
+        kind = {"baseline": "evaluate", "eval-pre": "evaluate", "eval-post": "evaluate"}.get(stage, stage)
+        for name, cfg in jobs:
+            write_result(results / "tiny" / "pipeline_test" / f"{name}.json",
+                         build_result(kind, profile="tiny", experiment="pipeline_test", config=cfg, metrics={},
+                                      wall_time_s=0.0))
+            names.append(name)
+    return names
+
+
+def test_stale_results_are_the_files_the_config_now_plans_under_another_key(tmp_path):
+    """A result written before a setting changed is named (with the table that reruns it) until its table reruns;
+    a replicate seed run with --seeds is judged too; a file no table plans is not."""
+    from state_reduction.pipeline.stages import stale_results
+
+    results = tmp_path / "results"
+    config = write_spec(tmp_path)
+    assert stale_results(config, "tiny", results) == []  # no results: nothing to judge
+    names = _write_plan(config, results, seeds=[0, 1])
+    assert len(names) == 9 and "deltanet-l1-r50-seed_1-eval-post" in names
+    (results / "tiny" / "pipeline_test" / "notes.json").write_text("{}")  # not a result: skipped
+    assert stale_results(config, "tiny", results) == []
+
+    config = write_spec(tmp_path, limit=3)  # an evaluation setting: every evaluation, seed 1's included, is stale
+    stale = stale_results(config, "tiny", results)
+    assert [name for name, *_ in stale] == sorted(
+        ["deltanet-baseline-r0-eval", "deltanet-l1-r50-eval-pre", "deltanet-l1-r50-eval-post",
+         "deltanet-l1-r50-seed_1-eval-pre", "deltanet-l1-r50-seed_1-eval-post"])
+    assert all(old != new and table == "table20" for _, old, new, table in stale)
+    _write_plan(config, results, seeds=[0, 1])  # the table rerun under the new setting: nothing stale
+    assert stale_results(config, "tiny", results) == []

@@ -492,12 +492,38 @@ def decide(claim: Claim, lhs: list[tuple[object, float]], rhs: list[tuple[object
     return Verdict(claim, status, lhs_ci, rhs_ci, diff, reason, samples)
 
 
+def stale_files(experiment: str, profile: str, results_root=None) -> list[tuple[str, str, str, str]]:
+    """The experiment's result files that its config no longer gives (pipeline.stages.stale_results: file name, stored
+    key, current key, table), for an experiment whose claims read the pipeline's results; else []."""
+    _, config = _config(experiment)
+    rows = config.get("claim_rows") or {}
+    if not config.get("tables") or not isinstance(rows, dict) or rows.get("dir") \
+            or rows.get("from", "results") == "training_records":  # (a bad claim_rows is claim_rows' error)
+        return []
+    from state_reduction.pipeline.stages import stale_results  # imported here: the pipeline loads torch and models
+
+    return stale_results(experiment, profile, results_root)
+
+
+def stale_message(experiment: str, profile: str, stale: list[tuple[str, str, str, str]]) -> str:
+    name, old, new, _ = stale[0]
+    tables = sorted({t for *_, t in stale})
+    return (f"claims of {experiment!r} ({profile}): {len(stale)} result file(s) were written under another "
+            f"configuration than experiments/{experiment}/config.yaml gives now (e.g. {name}.json: key {old}, the "
+            f"config's {new}), so a verdict would mix recipes; rerun their tables (state-reduction run-table "
+            f"{' / '.join(tables[:4])}{' / ...' if len(tables) > 4 else ''} --profile {profile}) or move the files away")
+
+
 def evaluate_claims(experiment: str, profile: str = "tiny", results_root=None, keep: bool = False) -> list[Verdict]:
-    """Every claim of the experiment, decided from its results (a ClaimError if a claim has no results). `keep`: a
+    """Every claim of the experiment, decided from its results (a ClaimError if a claim has no results, or if a
+    result file is not what the config gives now: stale_files). `keep`: a
     claim with a side that selects no result here is re-decided from its committed evidence instead, provided its
     definition is unchanged since (a part of an experiment rerun on its own; the other claims keep the samples they
     were decided on, whole: a claim never mixes new results with kept ones)."""
     claims = load_claims(experiment, profile)
+    stale = stale_files(experiment, profile, results_root) if claims else []
+    if stale:
+        raise ClaimError(stale_message(experiment, profile, stale))
     rows = claim_rows(profile, experiment, results_root)
     stored = _stored_evidence(experiment, profile) if keep else {}
     verdicts = []
@@ -698,6 +724,9 @@ def render_summary(experiment: str, profile: str = "tiny", results_root=None) ->
     rows = claim_rows(profile, experiment, results_root)
     lines = [f"## verdicts of {experiment}'s claims from every result here ({profile}; all seeds present, not only "
              "the table's)"]
+    stale = stale_files(experiment, profile, results_root)
+    if stale:
+        lines.append(f"- STALE RESULTS: {stale_message(experiment, profile, stale)}")
     missing = []
     for c in claims:
         try:

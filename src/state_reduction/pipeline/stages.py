@@ -43,15 +43,18 @@ from state_reduction.pipeline.spec import (
     find_experiment,
     load_experiment,
     profile_spec,
+    profile_tables,
     resolve_model_path,
     table_cells,
     table_evaluate,
+    table_seeds,
 )
 from state_reduction.pruning.prune import PruneConfig, prune, prune_result
 from state_reduction.pruning.shed import decode_timing, parse_structure_method, prune_cell, shed_result, structure_costs
 from state_reduction.ralimp.linearize import fit_metrics, linearize_model, method_spec, parse_linearize_method
 from state_reduction.ralimp.linearize import measure as measure_linearized
 from state_reduction.results import (
+    ResultsError,
     build_result,
     config_key,
     measure,
@@ -134,13 +137,13 @@ class Runner:
     """The configurations and models of one experiment and profile, and the sweeps of its stages."""
 
     def __init__(self, spec: dict, profile: str, results_root=None, data_dir=None, dry_run: bool = False,
-                 evaluate: tuple[dict, str] | None = None):
+                 evaluate: tuple[dict, str] | None = None, dense: dict | None = None):
         self.spec, self.profile, self.data_dir, self.dry_run = spec, profile, data_dir, dry_run
         self.p = profile_spec(spec, profile)
         self.evaluate, self.eval_suffix = evaluate or (self.p["evaluate"], "")  # see table_evaluate
         self.out = results_dir(profile, spec["experiment"], results_root)
         self.models_dir = self.out / "models"
-        self._dense = {}
+        self._dense = {} if dense is None else dense  # `dense`: shared by runners of one experiment (one hash each)
 
     # -- configurations: each includes the key of what it builds on -------------------------------------
     def dense(self, key: str) -> dict:
@@ -474,6 +477,40 @@ def run_table(experiment: str | None, table: str, profile: str = "tiny", results
     for _, jobs, fn in stage_jobs(runner, keys, cells, rft_states, stages):
         paths += runner.sweep(jobs, fn)
     return paths
+
+
+def stale_results(experiment: str, profile: str, results_root=None) -> list[tuple[str, str, str, str]]:
+    """The experiment's result files that its config no longer gives: (file name, stored config key, the key the
+    config gives now, a table that reads it) for each file whose name a table of `profile` plans under another
+    configuration (an edited recipe, setting or dense checkpoint whose table was not rerun since). Renders and
+    claims read every result file, so such a file would mix recipes until its table is rerun. Files no table plans
+    (a removed table, another tool's results) are not judged. Every replicate seed found among the results is
+    planned, so the results of `run-table --seeds` are judged too. Hashes each local dense checkpoint once."""
+    spec = load_experiment(experiment)
+    folder = results_dir(profile, spec["experiment"], results_root)
+    stored, seeds = {}, set()
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = read_result(path)
+        except ResultsError:
+            continue  # not a result (a manifest, a plan)
+        stored[path.stem] = record["config_key"]
+        seed = (record.get("config", {}).get("vary") or {}).get("seed")
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            seeds.add(seed)
+    if not stored:
+        return []
+    dense, stale = {}, {}
+    for table in profile_tables(spec, profile):
+        planned = sorted(set(table_seeds(spec, table, profile)) | seeds)
+        keys, cells, rft_states = table_cells(spec, table, profile, planned)
+        runner = Runner(spec, profile, results_root, evaluate=table_evaluate(spec, table, profile), dense=dense)
+        for _, jobs, _ in stage_jobs(runner, keys, cells, rft_states, STAGES):
+            for name, config in jobs:
+                key = config_key(config)
+                if name in stored and stored[name] != key:
+                    stale.setdefault(name, (name, stored[name], key, table))
+    return sorted(stale.values())
 
 
 def mirror(runner: Runner):
