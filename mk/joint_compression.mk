@@ -5,12 +5,16 @@
 # figures and the generated verdicts. Resumable: a rerun runs only what is missing.
 #   make joint-compression [PROFILE=tiny]      (PROFILE=paper: the GDN 1.3B plan, joint_paper_*; --dry-run it first:
 #   state-reduction run-table joint_paper_both --profile paper --dry-run)
+# The `recall` group also runs, after its three tables (so that no two processes build the cells they share), the
+# recall claims' cells on every family's recall recipe, three pretraining seeds: joint_recall_seeds_{state,mlp}
+# (8:48 from empty on 2 cores with --workers 2, 2026-12-07).
 JOINT_GROUPS_TINY ?= deltanet gated_deltanet qwen3_5 recall
 JOINT_GROUPS = $(if $(filter paper,$(PROFILE)),paper,$(JOINT_GROUPS_TINY))
 .PHONY: joint-compression
 joint-compression: setup
 	@pids=""; for f in $(JOINT_GROUPS); do \
-	  ( for t in state mlp both; do \
+	  ts="state mlp both"; [ $$f = recall ] && ts="$$ts seeds_state seeds_mlp"; \
+	  ( for t in $$ts; do \
 	      OMP_NUM_THREADS=1 $(VENV)/bin/state-reduction run-table joint_$${f}_$$t --profile $(PROFILE) || exit 1; \
 	    done ) & pids="$$pids $$!"; \
 	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; exit $$rc
