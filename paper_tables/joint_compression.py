@@ -28,10 +28,10 @@ from state_reduction.stats import mean_ci
 EXPERIMENT = "joint_compression"
 METRIC = {"tiny": ("wiki_word_perplexity", "wiki word ppl (tiny_wiki)"),
           "paper": ("wiki_word_perplexity", "WikiText-2 word ppl")}
+# The recall figure's panels per row (one per recall model; more models wrap onto further rows).
+RECALL_PANELS_PER_ROW = 4
 # The suites whose tables are recall tables, and the metrics their rows show (MQAR accuracy by number of pairs at the
 # recall models' training length); every other suite's rows show the profile's perplexity METRIC.
-# the recall figure's panels per row (one per recall model; more models wrap onto further rows)
-RECALL_PANELS_PER_ROW = 4
 RECALL_COLUMNS = {"tiny_mqar": tuple(f"{cell_name(p, 32)}_acc" for p in CELL_PAIRS[32])}
 GROUPS = {"state": ("o", "tab:blue"), "mlp": ("s", "tab:orange"), "both": ("D", "tab:red"),
           "baseline": ("v", "tab:gray")}

@@ -424,7 +424,7 @@ def test_stale_results_stop_the_verdicts_and_are_said_in_the_render_summary(expe
     assert claims.evaluate_claims("toy", "tiny", root)[0].status == HOLDS
     found.append(("drrqr-1", "aaaa", "bbbb", "t1"))
     with pytest.raises(ClaimError, match=r"1 result file\(s\) .* drrqr-1.json: key aaaa, the config's bbbb.*"
-                                         r"run-table t1 --profile tiny"):
+                                         r"run-table TABLE --profile tiny`: t1\)"):
         claims.evaluate_claims("toy", "tiny", root)
     lines = claims.render_summary("toy", "tiny", root)
     assert lines[1].startswith("- STALE RESULTS: claims of 'toy'") and "holds  drrqr_beats_l1" in lines[2]

@@ -510,8 +510,9 @@ def stale_message(experiment: str, profile: str, stale: list[tuple[str, str, str
     tables = sorted({t for *_, t in stale})
     return (f"claims of {experiment!r} ({profile}): {len(stale)} result file(s) were written under another "
             f"configuration than experiments/{experiment}/config.yaml gives now (e.g. {name}.json: key {old}, the "
-            f"config's {new}), so a verdict would mix recipes; rerun their tables (state-reduction run-table "
-            f"{' / '.join(tables[:4])}{' / ...' if len(tables) > 4 else ''} --profile {profile}) or move the files away")
+            f"config's {new}), so a verdict would mix recipes; rerun each table that plans them (`state-reduction "
+            f"run-table TABLE --profile {profile}`: {', '.join(tables[:4])}{', ...' if len(tables) > 4 else ''}) or "
+            "move the files away")
 
 
 def evaluate_claims(experiment: str, profile: str = "tiny", results_root=None, keep: bool = False) -> list[Verdict]:
