@@ -5,7 +5,7 @@
 # (selector_benchmark_ghost), every selector's recall on the recall models (selector_recall, selector_recall_ghost; on three pretraining seeds
 # per recurrent family: selector_recall_seeds(_ghost)), the
 # same pruned and post-RFT models on the second held-out corpus (selector_benchmark_books, selector_benchmark_ghost_books),
-# the post-RFT claims' tables (selector_bar_rft(_books), selector_rank_rft: subsets of the above, nothing more to run), then the
+# the post-RFT claims' tables (selector_bar_rft(_books), selector_rank_rft(_books): subsets of the above, nothing more to run), then the
 # verdicts, and the selection cost of every selector and family (`bench selectors`, only when its result file is
 # missing).
 .PHONY: selector-benchmark selector-benchmark-all
@@ -24,6 +24,7 @@ selector-benchmark-all: setup
 	$(VENV)/bin/state-reduction render selector_bar_rft --profile $(PROFILE) --run --workers 2
 	$(VENV)/bin/state-reduction render selector_bar_rft_books --profile $(PROFILE) --run --workers 2
 	$(VENV)/bin/state-reduction render selector_rank_rft --profile $(PROFILE) --run --workers 2
+	$(VENV)/bin/state-reduction render selector_rank_rft_books --profile $(PROFILE) --run --workers 2
 	test -f $(SELECTOR_COST) || $(VENV)/bin/state-reduction bench selectors --profile $(PROFILE) --out $(SELECTOR_COST) \
 		--markdown paper_tables/out/$(PROFILE)/selector_cost.md
 	$(VENV)/bin/state-reduction verdicts selector_benchmark --profile $(PROFILE)
@@ -43,8 +44,9 @@ selector-bar-rft: setup
 	$(VENV)/bin/state-reduction render selector_bar_rft_books --profile $(PROFILE) --run --workers $(WORKERS)
 	$(VENV)/bin/state-reduction verdicts selector_benchmark --profile $(PROFILE)
 # `make selector-rank-rft`: the paper's post-RFT ranking, DRRQR against Rand, L1 and S-Wanda after RFT with the recovery
-# recipe (4 families x 2 ratios x 3 seeds, the dense+RFT controls; wiki), then the verdicts
+# recipe (4 families x 2 ratios x 3 seeds, the dense+RFT controls), on wiki and books, then the verdicts
 .PHONY: selector-rank-rft
 selector-rank-rft: setup
 	$(VENV)/bin/state-reduction render selector_rank_rft --profile $(PROFILE) --run --workers $(WORKERS)
+	$(VENV)/bin/state-reduction render selector_rank_rft_books --profile $(PROFILE) --run --workers $(WORKERS)
 	$(VENV)/bin/state-reduction verdicts selector_benchmark --profile $(PROFILE)

@@ -42,7 +42,8 @@ def test_the_lm_long_context_and_shared_conv_variant_tables_are_data():
         "selector_benchmark", "selector_benchmark_ghost", "selector_recall", "selector_bar", "bar_deltanet",
         "bar_gated_deltanet", "bar_mamba2", "bar_qwen3_5", "bar_recall", "selector_recall_ghost",
         "selector_benchmark_books", "selector_benchmark_ghost_books", "selector_recall_seeds",
-        "selector_recall_seeds_ghost", "selector_bar_rft", "selector_bar_rft_books", "selector_rank_rft"}
+        "selector_recall_seeds_ghost", "selector_bar_rft", "selector_bar_rft_books", "selector_rank_rft",
+        "selector_rank_rft_books"}
 
 
 def test_render_command_writes_the_table(tmp_path, capsys):
