@@ -428,3 +428,9 @@ def test_stale_results_stop_the_verdicts_and_are_said_in_the_render_summary(expe
         claims.evaluate_claims("toy", "tiny", root)
     lines = claims.render_summary("toy", "tiny", root)
     assert lines[1].startswith("- STALE RESULTS: claims of 'toy'") and "holds  drrqr_beats_l1" in lines[2]
+
+    def cannot_plan(*a):
+        raise ClaimError("no checkpoint folder x")
+    monkeypatch.setattr(stages, "stale_results", cannot_plan)  # the summary says so and still decides
+    lines = claims.render_summary("toy", "tiny", root)
+    assert lines[1] == "- stale-result check not run: no checkpoint folder x" and "holds  drrqr_beats_l1" in lines[2]
