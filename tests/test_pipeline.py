@@ -165,7 +165,10 @@ def test_stale_results_are_the_files_the_config_now_plans_under_another_key(tmp_
     assert stale_results(config, "tiny", results) == []  # no results: nothing to judge
     names = _write_plan(config, results, seeds=[0, 1])
     assert len(names) == 9 and "deltanet-l1-r50-seed_1-eval-post" in names
-    (results / "tiny" / "pipeline_test" / "notes.json").write_text("{}")  # not a result: skipped
+    folder = results / "tiny" / "pipeline_test"
+    (folder / "notes.json").write_text("{}")  # not a result: skipped
+    # a result no table plans (a removed table's, another tool's): not judged, whatever its key
+    (folder / "deltanet-rand-r50-eval-pre.json").write_text((folder / "deltanet-l1-r50-eval-pre.json").read_text())
     assert stale_results(config, "tiny", results) == []
 
     config = write_spec(tmp_path, limit=3)  # an evaluation setting: every evaluation, seed 1's included, is stale
