@@ -6,6 +6,7 @@ Each suite is one table: task -> [(lm-eval metric, our key, counted in zero_shot
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import tempfile
 import time
@@ -250,14 +251,37 @@ def evaluate(model, tokenizer, suite: str = "tiny", batch_size: int = 16, max_le
                 os.environ[k] = v
 
 
+# lm-eval warns when `pretrained` is a model object, not a name; handing it the in-memory (pruned) model is the design
+HFLM_LOGGER = "lm_eval.models.huggingface"
+EXPECTED_HFLM_WARNINGS = ("`pretrained` model kwarg is not of type `str`", "Passed an already-initialized model")
+
+
+class _DropExpectedWarnings(logging.Filter):
+    """Drops lm-eval's warnings about an in-memory model (EXPECTED_HFLM_WARNINGS); every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(EXPECTED_HFLM_WARNINGS)
+
+
+def _hflm(model, tokenizer, batch_size: int, max_length: int):
+    from lm_eval.models.huggingface import HFLM
+
+    drop, logger = _DropExpectedWarnings(), logging.getLogger(HFLM_LOGGER)
+    logger.addFilter(drop)
+    try:
+        return HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
+                    max_length=max_length)
+    finally:
+        logger.removeFilter(drop)
+
+
 def _run(model, tokenizer, suite, table, batch_size, max_length, limit, data_dir) -> dict:
     # lazy: start-up time (lm_eval is imported only when a suite runs)
     import lm_eval
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
     t0 = time.time()
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, max_length=max_length)
+    lm = _hflm(model, tokenizer, batch_size, max_length)
     tasks = list(table)
     with tempfile.TemporaryDirectory(prefix="tiny_suite_tasks_") as task_dir:
         if suite not in HUB_SUITES:
